@@ -1,0 +1,319 @@
+"""The Delta driver: stage each epoch to Parquet, then idempotently apply it with Delta's txn ids.
+
+Staged files live in the staging store at ``staged/epoch-<epoch>/<binding>-<random>/`` (a Parquet
+dataset written by Spark). The driver checkpoint names each one with its row count, file count
+and byte size. Acknowledge applies them in binding order:
+
+* standard mode: ``MERGE`` by key, ``WHEN MATCHED AND s._op = 'd' THEN DELETE``, ``WHEN MATCHED
+  THEN UPDATE`` (the whole row), ``WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT``;
+* delta-updates mode: append.
+
+Every commit carries ``txnAppId`` = pipeline id and ``txnVersion`` = epoch, so Delta itself skips a
+replay; we check the table's recorded txn version first, so a replay costs a Delta log read and
+no data scan.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+from materializer import crash
+from materializer.config import BindingConfig, PipelineConfig
+from materializer.delta import (
+    TXN_APP_ID,
+    TXN_VERSION,
+    USER_METADATA,
+    TableRef,
+    delta_table,
+    table_state,
+    user_metadata,
+)
+from materializer.errors import StagingError
+from materializer.progress import Collector
+from materializer.protocol import (
+    Acknowledge,
+    Acknowledged,
+    ApplyResult,
+    Driver,
+    DriverCheckpoint,
+    Flush,
+    Flushed,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    StagedFile,
+    StartCommit,
+    StartedCommit,
+    Store,
+    dataframe,
+)
+from materializer.sources import OP
+from materializer.storage import Store as FileStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+STAGED = "staged"
+SCRATCH = ("spool", "_tmp")
+CONCURRENT_RETRIES = 3
+
+
+def is_data_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return not name.startswith(("_", "."))
+
+
+class DeltaDriver(Driver):
+    def __init__(
+        self, spark: "SparkSession", config: PipelineConfig, staging: FileStore, collector: Collector | None = None
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.staging = staging
+        self.collector = collector or Collector()
+        self._stored: dict[str, DataFrame] = {}
+        self._loads: list[Load] = []
+        self._acknowledged: int | None = None
+
+    # --- Open ---
+
+    def open(self, message: Open) -> Opened:
+        """Delete staged files that no committed entry references (Flink's abort of the in-doubt)."""
+        keep = set()
+        if message.driver_checkpoint is not None:
+            keep = {f.uri for f in message.driver_checkpoint.staged.values() if f is not None}
+        datasets = {"/".join(info.path.split("/")[:3]) for info in self.staging.list(STAGED)}
+        deleted = 0
+        for dataset in sorted(datasets - keep):
+            deleted += self.staging.delete_prefix(dataset)
+        for scratch in SCRATCH:
+            deleted += self.staging.delete_prefix(scratch)
+        if deleted:
+            self.collector.event("orphans_deleted", files=deleted, datasets=len(datasets - keep))
+        return Opened(orphans_deleted=deleted)
+
+    # --- Acknowledge ---
+
+    def acknowledge(self, message: Acknowledge) -> Acknowledged:
+        epoch = message.epoch
+        results = []
+        for index, binding in enumerate(self.config.bindings):
+            if binding.name not in message.driver_checkpoint.staged:
+                continue
+            staged = message.driver_checkpoint.staged[binding.name]
+            result = self._apply(binding, epoch, staged)
+            results.append(result)
+            self.collector.event("applied", epoch=epoch, **result.model_dump(exclude={"metrics"}))
+            if index < len(self.config.bindings) - 1:
+                # crash here leaves some tables applied and others not: the re-apply skips the former
+                crash.crash_point("after-apply", epoch)
+        # crash here leaves every table applied and the staged files in place: the next Open keeps
+        # them (the entry references them), the first Acknowledge finds them applied and deletes them
+        crash.crash_point("after-ack-before-gc", epoch)
+        for staged in message.driver_checkpoint.staged.values():
+            if staged is not None:
+                self.staging.delete_prefix(staged.uri)
+        self._acknowledged = epoch
+        return Acknowledged(epoch=epoch, results=results)
+
+    def _apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
+        table = TableRef(binding.table)
+        app_id = self.config.pipeline_id
+        for _attempt in range(CONCURRENT_RETRIES):
+            state = table_state(self.spark, table, app_id)
+            if state.txn_version is not None and state.txn_version >= epoch:
+                # A replay: Delta already records this epoch (or a later one) for the pipeline.
+                return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
+            if staged is None and not state.exists:
+                # Nothing to write and no schema to create the table with: nothing to record.
+                return ApplyResult(binding=binding.name, table=str(table), status="empty")
+            source = self._read_staged(binding, epoch, staged)
+            try:
+                with self._txn(binding, epoch), crash.crash_during_spark_job(
+                    "mid-apply", epoch, self.spark.sparkContext, self._job_group
+                ):
+                    metrics = self._commit(binding, table, epoch, source, state.exists)
+            except Exception as exc:  # noqa: BLE001
+                if "Concurrent" not in type(exc).__name__ + str(exc):
+                    raise
+                # Another writer (a zombie about to be fenced) committed meanwhile: look again.
+                continue
+            after = table_state(self.spark, table, app_id)
+            status = "applied" if metrics is not None else "skipped"
+            return ApplyResult(
+                binding=binding.name,
+                table=str(table),
+                status=status if staged is not None or status == "skipped" else "empty",
+                rows=staged.rows if staged else 0,
+                delta_version=after.version,
+                metrics=metrics or {},
+            )
+        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+
+    def _read_staged(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> "DataFrame | None":
+        if staged is None:
+            return None
+        files, size = 0, 0
+        for info in self.staging.list(staged.uri):
+            if is_data_file(info.path):
+                files += 1
+                size += info.size
+        if (files, size) != (staged.files, staged.bytes):
+            found = "nothing" if files == 0 else f"{files} files, {size} bytes"
+            raise StagingError(
+                f"epoch {epoch}, binding {binding.name}: staged file {self.staging.uri}/{staged.uri} is damaged or "
+                f"missing (expected {staged.files} files, {staged.bytes} bytes; found {found}) and the table "
+                f"does not record the epoch yet. Nothing of epoch {epoch} was applied to {binding.table}. "
+                "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
+                "from the source (README: 'Recovering from damage')."
+            )
+        return self.spark.read.parquet(self.staging.spark_path(staged.uri))
+
+    @property
+    def _job_group(self) -> str:
+        return f"materializer-{self.config.pipeline_id}"
+
+    @contextmanager
+    def _txn(self, binding: BindingConfig, epoch: int) -> Iterator[None]:
+        # The txn confs are session-wide: set them around this one commit only.
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, self.config.pipeline_id)
+        conf.set(TXN_VERSION, str(epoch))
+        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
+        self.spark.sparkContext.setJobGroup(self._job_group, f"apply epoch {epoch} to {binding.table}")
+        try:
+            yield
+        finally:
+            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+                conf.unset(key)
+            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    def _commit(
+        self, binding: BindingConfig, table: TableRef, epoch: int, source: "DataFrame | None", table_exists: bool
+    ) -> dict[str, int] | None:
+        """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
+        from pyspark.sql import functions as F
+
+        meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
+        if source is None or binding.mode == "delta_updates" or not table_exists:
+            # Appends: delta-updates rows; the first rows of a new table; or no rows at all, which
+            # still records the epoch on the table (an empty commit carrying the txn id).
+            if source is None:
+                rows = self.spark.createDataFrame([], delta_table(self.spark, table).toDF().schema)
+            elif binding.mode == "delta_updates":
+                rows = source
+            else:
+                rows = source.filter(F.col(OP) != "d").drop(OP)
+            if table_exists:
+                rows = _align(rows, delta_table(self.spark, table).toDF().schema, keep_extra=True)
+            writer = (
+                rows.write.format("delta")
+                .mode("append")
+                .option("txnAppId", self.config.pipeline_id)
+                .option("txnVersion", str(epoch))
+                .option("userMetadata", meta)
+                .option("mergeSchema", "true")
+            )
+            before = table_state(self.spark, table, self.config.pipeline_id).version if table_exists else None
+            writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
+            after = table_state(self.spark, table, self.config.pipeline_id).version
+            return {"appended": 1} if after != before else None
+
+        target = delta_table(self.spark, table)
+        target_schema = target.toDF().schema
+        aligned = _align(source, target_schema, keep_extra=True)
+        columns = [c for c in aligned.columns if c != OP]
+        condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in binding.key)
+        assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
+        merge = (
+            target.alias("t")
+            .merge(aligned.alias("s"), condition)
+            .whenMatchedDelete(condition=f"s.`{OP}` = 'd'")
+            .whenMatchedUpdate(set=assignments)
+            .whenNotMatchedInsert(condition=f"s.`{OP}` <> 'd'", values=assignments)
+            .withSchemaEvolution()
+        )
+        result = merge.execute()
+        rows = result.collect() if result is not None else []
+        if not rows:
+            return None  # Delta skipped it: the table already records this epoch
+        return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
+
+    # --- Load / Flush ---
+
+    def load(self, message: Load) -> None:
+        self._loads.append(message)
+
+    def flush(self, message: Flush) -> Flushed:
+        """Evaluate the queued loads: a join of the keys with the table, after Acknowledged."""
+        loaded = []
+        for request in self._loads:
+            binding = self.config.binding(request.binding)
+            table = TableRef(binding.table)
+            from materializer.delta import exists
+
+            if not exists(self.spark, table):
+                continue
+            keys = dataframe(request.keys)
+            current = delta_table(self.spark, table).toDF()
+            rows = current.join(keys.select(*binding.key).distinct(), on=binding.key, how="left_semi")
+            epoch = (self._acknowledged or 0) + 1
+            self.spark.sparkContext.setJobGroup(self._job_group, f"load epoch {epoch} keys of {binding.name}")
+            with crash.crash_during_spark_job("mid-load", epoch, self.spark.sparkContext, self._job_group):
+                # Evaluated now, read-committed: the previous epoch is applied; kept on the executors.
+                rows = rows.localCheckpoint(eager=True)
+            loaded.append(Loaded(binding=binding.name, rows=rows))
+        self._loads = []
+        return Flushed(loaded=loaded)
+
+    # --- Store / StartCommit ---
+
+    def store(self, message: Store) -> None:
+        self._stored[message.binding] = dataframe(message.documents)
+
+    def start_commit(self, message: StartCommit) -> StartedCommit:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        epoch = message.epoch
+        staged: dict[str, StagedFile | None] = {}
+        for binding in self.config.bindings:
+            df = self._stored.pop(binding.name, None)
+            if df is None:
+                staged[binding.name] = None
+                continue
+            path = f"{STAGED}/epoch-{epoch:012d}/{binding.name}-{uuid.uuid4().hex[:12]}"
+            observation = Observation(f"staged_{binding.name}_{epoch}")
+            df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
+                self.staging.spark_path(path)
+            )
+            rows = int(observation.get["rows"])
+            data = [f for f in self.staging.list(path) if is_data_file(f.path)]
+            if rows == 0:
+                self.staging.delete_prefix(path)
+                staged[binding.name] = None
+                continue
+            staged[binding.name] = StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+        # crash here leaves staged files that no committed entry references: the next Open deletes them
+        crash.crash_point("after-stage", epoch)
+        return StartedCommit(driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind))
+
+
+def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
+    """Give ``df`` the table's columns and types: missing ones as NULL, new ones kept at the end."""
+    from pyspark.sql import functions as F
+
+    present = set(df.columns)
+    columns = []
+    for field in schema.fields:
+        if field.name in present:
+            columns.append(F.col(f"`{field.name}`").cast(field.dataType).alias(field.name))
+        else:
+            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+    known = {f.name for f in schema.fields}
+    if keep_extra:
+        columns += [F.col(f"`{c}`") for c in df.columns if c not in known]
+    return df.select(*columns)

@@ -1,0 +1,65 @@
+"""The one error family of the materializer.
+
+Every error names what failed and what to do about it. The CLI maps the classes to exit codes and
+prints the message without a traceback; nothing here is meant to be caught and ignored.
+"""
+
+from __future__ import annotations
+
+
+class MaterializerError(Exception):
+    """Base class: a user-facing failure with a message that says what to do."""
+
+    exit_code = 1
+    transient = False
+
+
+class ConfigError(MaterializerError):
+    """The configuration file is missing or invalid. Nothing was started."""
+
+    exit_code = 2
+
+
+class SourceError(MaterializerError):
+    """Input could not be read or is malformed. Nothing from the transaction was applied."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.file = file
+        self.line = line
+
+
+class FencedError(MaterializerError):
+    """Another writer opened the pipeline; this one stopped and applied nothing more."""
+
+    exit_code = 4
+
+
+class RecoveryLogError(MaterializerError):
+    """The recovery log cannot be read back (a torn or corrupted entry, a gap)."""
+
+    exit_code = 5
+
+
+class StagingError(MaterializerError):
+    """A staged file referenced by a committed entry is missing or damaged."""
+
+    exit_code = 6
+
+
+class TableStateError(MaterializerError):
+    """A Delta table records a state the recovery log cannot explain."""
+
+    exit_code = 7
+
+
+class StorageError(MaterializerError):
+    """A store (local folder or S3) failed; ``transient`` says whether a retry may help."""
+
+    exit_code = 8
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient

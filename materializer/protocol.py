@@ -1,0 +1,168 @@
+"""The materialization protocol of seed 000: messages between the runtime and a driver.
+
+Runtime messages are imperative (``Acknowledge``), driver responses past tense (``Acknowledged``).
+One transaction runs::
+
+    Acknowledge -> Acknowledged       epoch N (durable in the recovery log) is applied to the store
+    Load* -> Flush -> Loaded* Flushed current rows for epoch N+1's keys (read-committed: after N)
+    Store*                            the reduced documents of epoch N+1, as DataFrames
+    StartCommit -> StartedCommit      the driver stages them durably; its checkpoint goes to the log
+
+The checkpoints are plain models: the runtime checkpoint is opaque to the driver, the driver
+checkpoint is opaque to the runtime, and both are committed together in one recovery-log entry.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+RuntimeCheckpoint = dict[str, Any]
+"""Per binding name, where its source stands (documents: file and line; cdcv2: frontier)."""
+
+
+class StagedFile(Model):
+    """One binding's staged output of one epoch."""
+
+    uri: str
+    """Staging-store path of the staged Parquet dataset (relative to the staging root)."""
+    rows: int
+    """Rows in it."""
+    bytes: int
+    """Total size of its data files; a different size at apply time means damage."""
+    files: int
+    """Number of data files in it."""
+
+
+class DriverCheckpoint(Model):
+    """What the driver must still do for an epoch: per binding, the file to apply (None: no rows)."""
+
+    epoch: int
+    staged: dict[str, StagedFile | None] = Field(default_factory=dict)
+    rewind: RuntimeCheckpoint | None = None
+    """Where the sources stood before this epoch: lets a recovery re-stage it from the source."""
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+
+class Open(Model):
+    pipeline_id: str
+    last_epoch: int
+    """Last epoch committed to the recovery log (0: none)."""
+    driver_checkpoint: DriverCheckpoint | None
+    """The driver checkpoint of that epoch."""
+
+
+class Opened(Model):
+    runtime_checkpoint: RuntimeCheckpoint | None = None
+    """An alternative checkpoint to restart from (None: the recovery log's)."""
+    orphans_deleted: int = 0
+
+
+class Acknowledge(Model):
+    epoch: int
+    driver_checkpoint: DriverCheckpoint
+
+
+class ApplyResult(Model):
+    binding: str
+    table: str
+    status: Literal["applied", "skipped", "empty", "missing"]
+    """applied: a Delta commit was made; skipped: Delta already recorded the epoch (a replay)."""
+    rows: int = 0
+    delta_version: int | None = None
+    metrics: dict[str, int] = Field(default_factory=dict)
+
+
+class Acknowledged(Model):
+    epoch: int
+    results: list[ApplyResult]
+
+
+class Load(Model):
+    binding: str
+    keys: Any
+    """A DataFrame of the epoch's distinct keys for the binding."""
+
+
+class Flush(Model):
+    pass
+
+
+class Loaded(Model):
+    binding: str
+    rows: Any
+    """A DataFrame of the current rows for the requested keys that exist."""
+
+
+class Flushed(Model):
+    loaded: list[Loaded] = Field(default_factory=list)
+
+
+class Store(Model):
+    binding: str
+    documents: Any
+    """A DataFrame of the epoch's fully reduced (standard) or combined (delta-updates) rows,
+    with the operation in column ``_op`` ('u' upsert, 'd' delete)."""
+
+
+class StartCommit(Model):
+    epoch: int
+    runtime_checkpoint: RuntimeCheckpoint
+    rewind: RuntimeCheckpoint | None = None
+
+
+class StartedCommit(Model):
+    driver_checkpoint: DriverCheckpoint
+
+
+# --- the driver side ---------------------------------------------------------------------------
+
+
+class Driver(ABC):
+    """A materialization driver following the "Recovery Log with Idempotent Apply" pattern."""
+
+    @abstractmethod
+    def open(self, message: Open) -> Opened:
+        """Connect; delete staged files that no committed entry references."""
+
+    @abstractmethod
+    def acknowledge(self, message: Acknowledge) -> Acknowledged:
+        """Idempotently apply the committed epoch's staged files; reply once applied."""
+
+    @abstractmethod
+    def load(self, message: Load) -> None:
+        """Queue keys to load; evaluated at Flush, never before Acknowledged."""
+
+    @abstractmethod
+    def flush(self, message: Flush) -> Flushed:
+        """Evaluate queued loads (read-committed) and return every row that exists."""
+
+    @abstractmethod
+    def store(self, message: Store) -> None:
+        """Take the epoch's rows for one binding."""
+
+    @abstractmethod
+    def start_commit(self, message: StartCommit) -> StartedCommit:
+        """Stage the stored rows durably; return the checkpoint that references them."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; nothing durable depends on it (a crash skips it)."""
+
+
+def dataframe(value: Any) -> "DataFrame":
+    """Narrow a message's DataFrame-valued field for type checkers."""
+    return value

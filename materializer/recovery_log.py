@@ -1,0 +1,230 @@
+"""The recovery log: the authoritative record of (epoch, runtime checkpoint, driver checkpoint).
+
+One immutable entry per sequence number, ``entries/<seq:020d>.json``, published atomically and
+exclusively by the store (temp file + fsync + link locally, ``IfNoneMatch="*"`` on S3), each
+wrapped with a SHA-256 checksum of its body so a damaged entry is detected, never half-read.
+
+Two kinds of entry share the sequence:
+
+* ``fence``: published at Open. Any writer whose next commit finds that sequence number taken
+  has been fenced off by a newer Open and must stop (DESIGN invariant 6).
+* ``commit``: epoch N+1's runtime checkpoint and driver checkpoint, committed together.
+
+The log's state is its highest commit entry; entries older than the retention are compacted away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from materializer.errors import FencedError, RecoveryLogError
+from materializer.protocol import DriverCheckpoint, RuntimeCheckpoint
+from materializer.storage import Store
+
+ENTRIES = "entries"
+_NAME = re.compile(r"^entries/(\d{20})\.json$")
+OPEN_ATTEMPTS = 5
+
+
+class LogEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int
+    """Sequence number of the entry in the log."""
+    kind: Literal["fence", "commit"]
+    """fence: a writer opened the pipeline; commit: an epoch committed."""
+    pipeline_id: str
+    """Pipeline the log belongs to; a log is never shared between pipelines."""
+    writer: str
+    """Random id of the process that wrote the entry."""
+    epoch: int
+    """commit: the epoch committed; fence: the last epoch committed when the writer opened."""
+    runtime_checkpoint: RuntimeCheckpoint | None = None
+    """commit: where the sources stand after the epoch."""
+    driver_checkpoint: DriverCheckpoint | None = None
+    """commit: the staged files to apply for the epoch."""
+    written_at: str = ""
+    """Wall-clock time of writing, for people reading the log; never used for ordering."""
+
+
+def entry_path(seq: int) -> str:
+    return f"{ENTRIES}/{seq:020d}.json"
+
+
+def encode(entry: LogEntry) -> bytes:
+    body = entry.model_dump(mode="json")
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    checksum = hashlib.sha256(canonical.encode()).hexdigest()
+    return json.dumps({"checksum": f"sha256:{checksum}", "entry": body}, sort_keys=True, indent=1).encode()
+
+
+def decode(data: bytes, where: str) -> LogEntry:
+    advice = (
+        "the entry was damaged after it was written (logs are only ever written whole). "
+        "Restore it from a backup, or see README 'Recovering from damage'."
+    )
+    try:
+        wrapper = json.loads(data)
+        body = wrapper["entry"]
+        expected = wrapper["checksum"]
+    except (ValueError, KeyError, TypeError):
+        raise RecoveryLogError(f"recovery log entry {where} is torn or not JSON: {advice}") from None
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    actual = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    if actual != expected:
+        raise RecoveryLogError(
+            f"recovery log entry {where} fails its checksum (expected {expected}, found {actual}): {advice}"
+        )
+    try:
+        return LogEntry.model_validate(body)
+    except ValidationError as exc:
+        raise RecoveryLogError(f"recovery log entry {where} has an unexpected shape: {exc}") from None
+
+
+@dataclass(frozen=True)
+class LogState:
+    last_seq: int
+    """Highest sequence number in the log (0: empty)."""
+    last_commit: LogEntry | None
+    """Highest commit entry (None: nothing committed yet)."""
+    sequences: tuple[int, ...]
+    """Every sequence number present, ascending."""
+
+    @property
+    def last_epoch(self) -> int:
+        return self.last_commit.epoch if self.last_commit else 0
+
+
+class RecoveryLog:
+    """One pipeline's log in a store. A writer calls :meth:`open` once, then :meth:`commit`."""
+
+    def __init__(self, store: Store, pipeline_id: str, *, retention: int = 10, writer: str | None = None) -> None:
+        self.store = store
+        self.pipeline_id = pipeline_id
+        self.retention = retention
+        self.writer = writer or uuid.uuid4().hex[:12]
+        self._next_seq: int | None = None
+
+    # --- reading ---
+
+    def sequences(self) -> list[int]:
+        seqs = []
+        for info in self.store.list(ENTRIES):
+            match = _NAME.match(info.path)
+            if match:
+                seqs.append(int(match.group(1)))
+        return sorted(seqs)
+
+    def read_entry(self, seq: int) -> LogEntry:
+        path = entry_path(seq)
+        try:
+            data = self.store.get(path)
+        except FileNotFoundError:
+            raise RecoveryLogError(f"recovery log entry {self.store.uri}/{path} vanished while being read") from None
+        entry = decode(data, f"{self.store.uri}/{path}")
+        if entry.seq != seq:
+            raise RecoveryLogError(f"recovery log entry {self.store.uri}/{path} claims sequence {entry.seq}")
+        if entry.pipeline_id != self.pipeline_id:
+            raise RecoveryLogError(
+                f"recovery log {self.store.uri} belongs to pipeline {entry.pipeline_id!r}, not "
+                f"{self.pipeline_id!r}: give each pipeline its own recovery_log folder"
+            )
+        return entry
+
+    def read(self) -> LogState:
+        """The log's state: its highest sequence and its highest commit entry."""
+        seqs = self.sequences()
+        last_commit = None
+        for seq in reversed(seqs):
+            entry = self.read_entry(seq)
+            if entry.kind == "commit":
+                last_commit = entry
+                break
+        return LogState(last_seq=seqs[-1] if seqs else 0, last_commit=last_commit, sequences=tuple(seqs))
+
+    def entries(self) -> list[LogEntry]:
+        return [self.read_entry(seq) for seq in self.sequences()]
+
+    # --- writing ---
+
+    def _entry(self, seq: int, kind: Literal["fence", "commit"], epoch: int, **fields: Any) -> LogEntry:
+        return LogEntry(
+            seq=seq,
+            kind=kind,
+            pipeline_id=self.pipeline_id,
+            writer=self.writer,
+            epoch=epoch,
+            written_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            **fields,
+        )
+
+    def open(self) -> LogState:
+        """Read the log and publish a fencing entry; from now on older writers are fenced."""
+        for _attempt in range(OPEN_ATTEMPTS):
+            state = self.read()
+            seq = state.last_seq + 1
+            fence = self._entry(seq, "fence", state.last_epoch)
+            if self.store.put_if_absent(entry_path(seq), encode(fence)):
+                self._next_seq = seq + 1
+                return state
+            # Another writer published at the same sequence between our read and our write:
+            # read again and fence after it.
+        raise FencedError(
+            f"pipeline {self.pipeline_id!r}: could not open the recovery log {self.store.uri}: other "
+            f"writers kept publishing entries ({OPEN_ATTEMPTS} attempts). Is another run of this pipeline active?"
+        )
+
+    def commit(
+        self,
+        epoch: int,
+        runtime_checkpoint: RuntimeCheckpoint,
+        driver_checkpoint: DriverCheckpoint,
+        *,
+        before_publish: Callable[[], None] | None = None,
+    ) -> LogEntry:
+        """Commit an epoch; raises FencedError if a newer writer has opened the pipeline."""
+        if self._next_seq is None:
+            raise RuntimeError("commit() before open()")
+        seq = self._next_seq
+        entry = self._entry(
+            seq, "commit", epoch, runtime_checkpoint=runtime_checkpoint, driver_checkpoint=driver_checkpoint
+        )
+        if not self.store.put_if_absent(entry_path(seq), encode(entry), before_publish=before_publish):
+            raise self._fenced(seq, epoch)
+        newer = [s for s in self.sequences() if s > seq]
+        if newer:
+            # Our sequence was free only because compaction had removed it: a newer writer is
+            # already far ahead. Our entry sits below its commits and is never read as state.
+            raise self._fenced(newer[0], epoch)
+        self._next_seq = seq + 1
+        self.compact(seq)
+        return entry
+
+    def _fenced(self, seq: int, epoch: int) -> FencedError:
+        holder = "another writer"
+        try:
+            holder = f"writer {self.read_entry(seq).writer}"
+        except RecoveryLogError:
+            pass
+        return FencedError(
+            f"pipeline {self.pipeline_id!r} was opened by {holder} (log sequence {seq} is taken), so this "
+            f"run (writer {self.writer}) is fenced: epoch {epoch} was not committed and nothing more is "
+            "applied. Only one run of a pipeline may be active; the newer one continues."
+        )
+
+    def compact(self, upto_seq: int) -> int:
+        """Delete entries more than ``retention`` sequence numbers below ``upto_seq`` (a commit)."""
+        removed = 0
+        for seq in self.sequences():
+            if seq < upto_seq - self.retention:
+                self.store.delete(entry_path(seq))
+                removed += 1
+        return removed

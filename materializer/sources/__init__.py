@@ -1,0 +1,60 @@
+"""Sources: where a binding's changes come from, read a transaction at a time.
+
+A source turns its runtime checkpoint into the next batch of documents, as a DataFrame with the
+document's fields plus two columns the runtime relies on: ``_op`` ('u' upsert, 'd' delete) and
+``_seq`` (order within the batch; later wins). The checkpoint after the batch is returned with it
+and committed with the epoch, never before.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from materializer.config import BindingConfig
+from materializer.storage import Store
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+OP = "_op"
+SEQ = "_seq"
+RESERVED = (OP, SEQ)
+
+
+@dataclass
+class SourceBatch:
+    documents: "DataFrame"
+    """The batch's documents: fields, ``_op``, ``_seq``."""
+    checkpoint: dict[str, Any]
+    """Where the source stands after this batch."""
+    count: int
+    """Number of documents (or updates) in the batch."""
+    description: str
+    """Human-readable extent, e.g. ``orders-001.jsonl:0-500``."""
+
+
+class Source(ABC):
+    def __init__(self, binding: BindingConfig, spool: Store) -> None:
+        self.binding = binding
+        self.spool = spool
+        """Store where batches are spooled for Spark to read (the staging store)."""
+
+    @abstractmethod
+    def next_batch(
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+    ) -> SourceBatch | None:
+        """The next batch after ``checkpoint`` (None: nothing new). ``spool_path`` is free for it."""
+
+
+def open_source(binding: BindingConfig, spool: Store) -> Source:
+    if binding.source.format == "documents":
+        from materializer.sources.documents import DocumentsSource
+
+        return DocumentsSource(binding, spool)
+    if binding.source.format == "cdcv2":
+        from materializer.sources.cdcv2 import CdcV2Source
+
+        return CdcV2Source(binding, spool)
+    raise ValueError(binding.source.format)

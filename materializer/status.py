@@ -1,0 +1,77 @@
+"""``materializer status``: the recovery log against the tables, read without changing anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from materializer.config import PipelineConfig
+from materializer.delta import TableRef, table_state
+from materializer.driver import STAGED
+from materializer.recovery_log import RecoveryLog
+from materializer.storage import open_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class TableStatus:
+    binding: str
+    table: str
+    exists: bool
+    delta_version: int | None
+    recorded_epoch: int | None
+    """The txnVersion Delta records for the pipeline."""
+    staged_pending: list[str]
+    agrees: bool
+    note: str = ""
+
+
+@dataclass
+class PipelineStatus:
+    pipeline_id: str
+    last_epoch: int
+    last_seq: int
+    log_entries: int
+    tables: list[TableStatus] = field(default_factory=list)
+    orphaned: list[str] = field(default_factory=list)
+    """Staged datasets that the last committed entry does not reference."""
+
+    @property
+    def agrees(self) -> bool:
+        return all(t.agrees for t in self.tables)
+
+
+def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineStatus:
+    log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+    state = log.read()
+    staging = open_store(config.staging)
+    datasets = sorted({"/".join(f.path.split("/")[:3]) for f in staging.list(STAGED)})
+    referenced: dict[str, str] = {}
+    if state.last_commit and state.last_commit.driver_checkpoint:
+        for name, staged in state.last_commit.driver_checkpoint.staged.items():
+            if staged is not None:
+                referenced[staged.uri] = name
+    status = PipelineStatus(config.pipeline_id, state.last_epoch, state.last_seq, len(state.sequences))
+    status.orphaned = [d for d in datasets if d not in referenced]
+    for binding in config.bindings:
+        table = TableRef(binding.table)
+        ts = table_state(spark, table, config.pipeline_id)
+        pending = [uri for uri, name in referenced.items() if name == binding.name and uri in datasets]
+        recorded = ts.txn_version or 0
+        if recorded == state.last_epoch:
+            agrees, note = True, "up to date"
+        elif recorded < state.last_epoch and (pending or not ts.exists or _no_rows_since(state, binding.name, recorded)):
+            agrees, note = True, f"epoch {state.last_epoch} committed, not yet applied: the next run applies it"
+        else:
+            agrees, note = False, f"table records epoch {recorded}, log ends at {state.last_epoch}"
+        status.tables.append(
+            TableStatus(binding.name, str(table), ts.exists, ts.version, ts.txn_version, pending, agrees, note)
+        )
+    return status
+
+
+def _no_rows_since(state, binding: str, recorded: int) -> bool:  # type: ignore[no-untyped-def]
+    # A table is one epoch behind when the last epoch is committed but its apply did not run yet.
+    return recorded == state.last_epoch - 1
