@@ -27,7 +27,11 @@ BASE_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.schema.autoMerge.enabled": "true",
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+    # Delta's defaults (50 snapshot partitions) suit clusters; small local tables pay per task.
+    "spark.databricks.delta.snapshotPartitions": str(max(2, os.cpu_count() or 2)),
+    "spark.driver.host": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+    "spark.driver.bindAddress": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",

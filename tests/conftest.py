@@ -1,0 +1,21 @@
+"""One SparkSession for every integration test of the run (JVM start-up is the slow part)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from materializer.spark import build_session
+
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    session = build_session(
+        "local[2]",
+        {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},
+        app_name="materializer-tests",
+    )
+    yield session
+    session.stop()
