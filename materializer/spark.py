@@ -30,8 +30,7 @@ BASE_CONF = {
     "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
     # Delta's defaults (50 snapshot partitions) suit clusters; small local tables pay per task.
     "spark.databricks.delta.snapshotPartitions": str(max(2, os.cpu_count() or 2)),
-    "spark.driver.host": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-    "spark.driver.bindAddress": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
@@ -68,6 +67,11 @@ def build_session(
     settings = dict(BASE_CONF)
     settings["spark.jars.packages"] = ",".join(packages)
     settings["spark.jars.ivy"] = str(ivy_cache())
+    if master.startswith("local") or os.environ.get("SPARK_LOCAL_IP"):
+        # Bind to loopback: a local run needs no network (and this host's name may not resolve).
+        host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        settings["spark.driver.host"] = host
+        settings["spark.driver.bindAddress"] = host
     if s3:
         settings.update(s3a_conf())
     settings.update(conf or {})
