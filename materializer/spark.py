@@ -17,7 +17,25 @@ if TYPE_CHECKING:
 SPARK_VERSION = "4.2"
 SCALA_VERSION = "2.13"
 DELTA_VERSION = "4.4.0"
-HADOOP_AWS_VERSION = "3.4.2"
+
+
+def _bundled_hadoop_version(default: str = "3.5.0") -> str:
+    """The Hadoop version of the jars pyspark ships (hadoop-aws must match it exactly)."""
+    try:
+        import pyspark
+
+        jars = Path(pyspark.__file__).parent / "jars"
+        for jar in jars.glob("hadoop-client-api-*.jar"):
+            return jar.name[len("hadoop-client-api-") : -len(".jar")]
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        pass
+    return default
+
+
+# hadoop-aws is compiled against one Hadoop release: a different version than Spark's own
+# hadoop-client jars fails at run time with NoSuchMethodError / ClassNotFoundException. pyspark
+# 4.2.0 ships Hadoop 3.5.0, whose hadoop-aws pulls the AWS SDK v2 bundle (~690 MB, cached once).
+HADOOP_AWS_VERSION = _bundled_hadoop_version()
 DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_VERSION}_{SCALA_VERSION}:{DELTA_VERSION}"
 HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}"
 
@@ -82,22 +100,40 @@ def build_session(
     return session
 
 
-def s3a_conf() -> dict[str, str]:
+# s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session
+# token if there is one), then the SDK v2 default chain (AWS_PROFILE and ~/.aws files, web identity,
+# container and instance roles). hadoop-aws 3.4+ is built on the AWS SDK v2, so the v1 class names
+# (com.amazonaws.auth.*) of older guides are only remapped aliases; these are the v2/s3a names.
+S3A_CREDENTIALS_PROVIDERS = (
+    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+)
+
+
+def s3a_conf(environ: "dict[str, str] | None" = None) -> dict[str, str]:
     """s3a settings that follow the standard AWS environment, as boto3 does."""
+    env = os.environ if environ is None else environ
     conf = {
         "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
-        "spark.hadoop.fs.s3a.aws.credentials.provider": (
-            "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider,"
-            "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
-        ),
+        "spark.hadoop.fs.s3a.aws.credentials.provider": ",".join(S3A_CREDENTIALS_PROVIDERS),
     }
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        # Also as plain s3a keys: the executors of a cluster do not inherit the driver's
+        # environment, but they do get the job's Hadoop configuration.
+        conf["spark.hadoop.fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
+        conf["spark.hadoop.fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            conf["spark.hadoop.fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if endpoint:
         conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
         conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
         conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https")).lower()
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        # With a custom endpoint the SDK cannot infer the region and s3a would probe for it.
+        region = region or "us-east-1"
     if region:
         conf["spark.hadoop.fs.s3a.endpoint.region"] = region
     return conf

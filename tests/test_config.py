@@ -1,0 +1,97 @@
+"""Configuration errors stop before Spark starts, naming the field and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from materializer.config import load_config
+from materializer.errors import ConfigError
+from tests.helpers import REPO, run_cli
+
+GOOD = {
+    "pipeline_id": "orders-to-delta",
+    "recovery_log": ".materializer/orders-to-delta/log",
+    "staging": ".materializer/orders-to-delta/staging",
+    "bindings": [
+        {
+            "name": "orders",
+            "source": {"format": "documents", "path": "examples/orders"},
+            "table": ".materializer/tables/orders",
+            "key": ["order_id"],
+            "mode": "standard",
+        }
+    ],
+}
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_issue_example_config_is_valid(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    assert config.bindings[0].key == ["order_id"]
+    assert config.bindings[0].needs_loads is False
+    assert config.transaction.max_documents > 0
+
+
+def test_shipped_default_config_is_valid() -> None:
+    config = load_config(REPO / "conf" / "orders-to-delta.yaml")
+    assert config.pipeline_id == "orders-to-delta"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # a key is required
+        (lambda d: d["bindings"][0].update(key=[]), "bindings[0].key"),
+        # modes are a closed set
+        (lambda d: d["bindings"][0].update(mode="upsert"), "bindings[0].mode"),
+        # unknown source formats are refused
+        (lambda d: d["bindings"][0]["source"].update(format="csv"), "bindings[0].source.format"),
+        # typos in keys are errors, not silently ignored
+        (lambda d: d.update(pipline_id="x"), "pipline_id"),
+        # pipeline ids become Delta txnAppIds and folder names
+        (lambda d: d.update(pipeline_id="has space"), "pipeline_id"),
+        # two bindings may not write one table
+        (lambda d: d["bindings"].append(dict(d["bindings"][0], name="other")), "share the table"),
+        # a key field cannot have a reduction
+        (lambda d: d["bindings"][0].update(reductions={"order_id": "sum"}), "key field"),
+        # unknown strategies are refused
+        (lambda d: d["bindings"][0].update(reductions={"n": "avg"}), "bindings[0].reductions.n"),
+        # a transaction takes at least one document
+        (lambda d: d.update(transaction={"max_documents": 0}), "transaction.max_documents"),
+    ],
+)
+def test_bad_config_names_field(tmp_path: Path, change, expected: str) -> None:  # type: ignore[no-untyped-def]
+    import copy
+
+    data = copy.deepcopy(GOOD)
+    change(data)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, data))
+    assert expected in str(info.value)
+    assert "p.yaml" in str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline_id: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_cli_reports_config_error_without_traceback_and_before_spark(tmp_path: Path) -> None:
+    data = dict(GOOD, bindings=[dict(GOOD["bindings"][0], key=[])])
+    result = run_cli("run", "--config", str(write(tmp_path, data)), timeout=60)
+    assert result.returncode == 2
+    assert "bindings[0].key" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "SparkContext" not in result.stderr and "ivy" not in result.stderr.lower()
