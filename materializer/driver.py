@@ -242,10 +242,32 @@ class DeltaDriver(Driver):
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
 
+    def _check_types(self, binding: BindingConfig, df: "DataFrame") -> None:
+        """Refuse, before the epoch is committed, rows whose types the table cannot hold losslessly."""
+        table = TableRef(binding.table)
+        from materializer.delta import exists
+        from materializer.errors import SourceError
+
+        if not exists(self.spark, table):
+            return
+        target = {f.name: f.dataType.simpleString() for f in delta_table(self.spark, table).toDF().schema.fields}
+        for field in df.schema.fields:
+            wanted = target.get(field.name)
+            if wanted is not None and not _compatible(field.dataType.simpleString(), wanted):
+                raise SourceError(
+                    f"binding {binding.name}: field {field.name!r} arrives as {field.dataType.simpleString()} "
+                    f"but table {binding.table} holds {wanted}; writing it would lose data. Nothing from this "
+                    "transaction was applied. Fix the documents' type, or alter the table's column type "
+                    "(after the pipeline is drained), then run again."
+                )
+
     # --- Load / Flush ---
 
     def load(self, message: Load) -> None:
+        # Queued only: evaluated at Flush, after Acknowledged (read-committed). The event lets
+        # tests see that lastWriteWins-only bindings issue no loads.
         self._loads.append(message)
+        self.collector.event("load", epoch=(self._acknowledged or 0) + 1, binding=message.binding)
 
     def flush(self, message: Flush) -> Flushed:
         """Evaluate the queued loads: a join of the keys with the table, after Acknowledged."""
@@ -285,6 +307,7 @@ class DeltaDriver(Driver):
             if df is None:
                 staged[binding.name] = None
                 continue
+            self._check_types(binding, df)
             path = f"{STAGED}/epoch-{epoch:012d}/{binding.name}-{uuid.uuid4().hex[:12]}"
             observation = Observation(f"staged_{binding.name}_{epoch}")
             df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
@@ -300,6 +323,21 @@ class DeltaDriver(Driver):
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
         return StartedCommit(driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind))
+
+
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+_NUMERIC = _INTEGRAL + ("float", "double")
+
+
+def _compatible(source: str, target: str) -> bool:
+    """Can a staged column of type ``source`` be written to ``target`` without losing anything?"""
+    if source == target or source == "void":
+        return True
+    if source.startswith(("struct", "array", "map")):
+        return True  # nested: Delta's schema evolution merges them or says why not
+    if source in _INTEGRAL and (target in _NUMERIC or target.startswith("decimal")):
+        return True
+    return source == "float" and target == "double"
 
 
 def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":

@@ -8,6 +8,7 @@ says otherwise), so only the first run on a machine downloads them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,16 @@ def build_session(
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # The JVM inherits our stdout, and Spark's jar resolver prints its report there: start it with
+    # stdout pointed at stderr, so our stdout stays ours (``--json`` output, pipes).
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
     session.sparkContext.setLogLevel("ERROR")
     return session
 
