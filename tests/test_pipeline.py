@@ -123,3 +123,26 @@ def test_a_second_writer_fences_the_first(spark: Any, tmp_path: Path) -> None:
     assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
     assert epochs_in_history(spark, tmp_path / "tables" / "items") == [1, 2, 3]
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+
+def test_follow_picks_up_files_that_arrive_later(spark: Any, tmp_path: Path) -> None:
+    docs = generate(tmp_path / "src", seed=8, documents=20, keys=8, files=1)
+    config = load_config(
+        write_config(
+            tmp_path,
+            [binding("items", tmp_path / "src", tmp_path / "tables" / "items")],
+            transaction={"max_documents": 100, "poll_interval_seconds": 0.1},
+        )
+    )
+    later = generate(tmp_path / "later", seed=9, documents=15, keys=8, files=1)
+    calls = {"n": 0}
+
+    def arrive_then_stop() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 2:  # epoch 1 applied, sources drained: a new file lands
+            (tmp_path / "later" / "part-0000.jsonl").rename(tmp_path / "src" / "part-0001.jsonl")
+        return calls["n"] >= 6
+
+    summary = Runtime(config, spark).run(follow=True, should_stop=arrive_then_stop)
+    assert [e.epoch for e in summary.epochs] == [1, 2]
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs + later)

@@ -41,6 +41,15 @@ class DocumentsSource(Source):
         start_line = int((checkpoint or {}).get("line", 0))
         start_offset = int((checkpoint or {}).get("offset", 0))
         keys = self.binding.key
+        if start_file is not None and "before" in (checkpoint or {}):
+            earlier = [name for name in files if name < start_file]
+            if len(earlier) != checkpoint["before"]:  # type: ignore[index]
+                raise SourceError(
+                    f"{store.uri}: {len(earlier) - checkpoint['before']} file(s) appeared that sort before "  # type: ignore[index]
+                    f"{start_file!r}, which the pipeline has already passed; they would never be read. Files "
+                    f"are read in name order: rename them to sort after {start_file!r} (nothing was applied "
+                    "from this transaction)."
+                )
 
         count = 0
         extents: list[str] = []
@@ -72,7 +81,9 @@ class DocumentsSource(Source):
                             del doc
                     if line_no > first_line:
                         extents.append(f"{name}:{first_line + 1}-{line_no}")
-                    cursor = {"file": name, "line": line_no, "offset": offset}
+                    # "before" counts the files passed, so a file that arrives late with an earlier
+                    # name is reported instead of silently skipped.
+                    cursor = {"file": name, "line": line_no, "offset": offset, "before": files.index(name)}
                     if count >= max_documents:
                         break
             if count == 0:
