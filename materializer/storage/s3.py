@@ -30,7 +30,7 @@ from materializer.errors import StorageError
 from materializer.storage import FileInfo, Store
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client  # pragma: no cover - typing only
+    from botocore.client import BaseClient as S3Client
 
 T = TypeVar("T")
 

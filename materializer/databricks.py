@@ -1,0 +1,118 @@
+"""The Databricks job entry point: a Python wheel task that runs one pipeline on the job's cluster.
+
+The bundle (``conf/databricks.yml``) declares::
+
+    python_wheel_task:
+      package_name: materializer
+      entry_point: materializer_job          # [project.scripts] in pyproject.toml
+      parameters: ["--config", "/Volumes/<catalog>/<schema>/<volume>/orders.yaml"]
+
+Databricks looks the entry point up in the wheel's metadata and calls it with the parameters in
+``sys.argv[1:]``. The run uses the cluster's SparkSession as it is: Databricks already has Delta
+and its own S3 access, so no jars are fetched and no master is set. Tables may be catalog names
+(``catalog.schema.table``, created with ``saveAsTable`` on the first epoch) or paths; staging may be
+a volume folder (``/Volumes/…``, seen by Python through the volume's FUSE mount and by Spark as the
+same path) or ``s3://``; the recovery log is best on ``s3://`` (see README: "Running as a Databricks
+job").
+
+Outside Databricks (tests, a notebook, a laptop) the same function runs with whatever session is
+active, or builds a local one from the configuration like ``materializer run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+from materializer.config import load_config
+from materializer.errors import ConfigError, MaterializerError
+from materializer.progress import Collector
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from materializer.config import PipelineConfig
+    from materializer.runtime import RunSummary
+
+
+class _Log(Collector):
+    """Progress on the job's stdout (the run page's output), one JSON line per event."""
+
+    def event(self, name: str, **fields: object) -> None:
+        if name in ("opened", "committed", "applied", "orphans_deleted"):
+            print(json.dumps({"event": name, **fields}, default=str), flush=True)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="materializer_job", description="Run a materializer pipeline as a Databricks job task."
+    )
+    parser.add_argument("--config", required=True, help="Pipeline YAML, e.g. on a volume: /Volumes/c/s/v/orders.yaml")
+    parser.add_argument("--max-epochs", type=int, default=None, help="Stop after this many new epochs.")
+    parser.add_argument(
+        "--follow", action="store_true", help="Keep polling the sources (a continuous job) instead of draining them."
+    )
+    try:
+        return parser.parse_args(list(argv))
+    except SystemExit as exc:
+        # argparse exits on bad parameters; say it in our terms so the run page shows why.
+        raise ConfigError(f"bad task parameters {list(argv)!r}: see `materializer_job --help`") from exc
+
+
+def cluster_session(config: "PipelineConfig") -> "SparkSession":
+    """The job cluster's session; locally, the active session or one built from the config."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        # On Databricks the session exists but may not be "active" in this thread: take it as
+        # it is, with the cluster's own Delta and storage settings, never our jars.
+        return SparkSession.builder.getOrCreate()
+    from materializer.spark import build_session
+    from materializer.storage import is_s3
+
+    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings]
+    return build_session(config.spark.master, dict(config.spark.conf), s3=any(is_s3(u) for u in uris))
+
+
+def run(argv: Sequence[str]) -> "RunSummary":
+    """Run the pipeline the parameters name; returns the summary (raises MaterializerError)."""
+    from materializer.runtime import Runtime
+
+    args = parse_args(argv)
+    config = load_config(args.config)
+    spark = cluster_session(config)
+    return Runtime(config, spark, _Log()).run(follow=args.follow, max_epochs=args.max_epochs)
+
+
+def main() -> None:
+    """The wheel task's entry point: parameters come in ``sys.argv[1:]``."""
+    try:
+        summary = run(sys.argv[1:])
+    except MaterializerError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        # A non-zero exit fails the task; the job's retry policy reruns it, and the rerun resumes
+        # from the recovery log (terminal errors, e.g. a bad config, fail again the same way).
+        raise SystemExit(exc.exit_code) from None
+    print(
+        json.dumps(
+            {
+                "event": "finished",
+                "pipeline_id": summary.pipeline_id,
+                "opened_at_epoch": summary.opened_at_epoch,
+                "last_epoch": summary.last_epoch,
+                "epochs": len(summary.epochs),
+                "seconds": round(summary.seconds, 3),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
