@@ -62,16 +62,16 @@ def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineSt
         recorded = ts.txn_version or 0
         if recorded == state.last_epoch:
             agrees, note = True, "up to date"
-        elif recorded < state.last_epoch and (pending or not ts.exists or _no_rows_since(state, binding.name, recorded)):
-            agrees, note = True, f"epoch {state.last_epoch} committed, not yet applied: the next run applies it"
+        elif recorded == state.last_epoch - 1:
+            # Committed but not applied yet (a run stopped between the log commit and the apply).
+            agrees, note = True, f"epoch {state.last_epoch} is committed, not yet applied: the next run applies it"
+        elif not ts.exists:
+            agrees, note = True, "no table yet (the binding has had no rows)"
         else:
-            agrees, note = False, f"table records epoch {recorded}, log ends at {state.last_epoch}"
+            agrees, note = False, (
+                f"table records epoch {recorded} for the pipeline but the log ends at {state.last_epoch}"
+            )
         status.tables.append(
             TableStatus(binding.name, str(table), ts.exists, ts.version, ts.txn_version, pending, agrees, note)
         )
     return status
-
-
-def _no_rows_since(state, binding: str, recorded: int) -> bool:  # type: ignore[no-untyped-def]
-    # A table is one epoch behind when the last epoch is committed but its apply did not run yet.
-    return recorded == state.last_epoch - 1
