@@ -137,7 +137,10 @@ class DeltaDriver(Driver):
                 ):
                     metrics = self._commit(binding, table, epoch, source, state.exists)
             except Exception as exc:  # noqa: BLE001
-                if "Concurrent" not in type(exc).__name__ + str(exc):
+                # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException
+                # ("changed by a concurrent update"), which a zombie's MERGE meets after the new
+                # writer evolved the schema or created the table.
+                if "concurrent" not in (type(exc).__name__ + str(exc)).lower():
                     raise
                 # Another writer (a zombie about to be fenced) committed meanwhile: look again.
                 continue
@@ -344,11 +347,23 @@ def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
     """Give ``df`` the table's columns and types: missing ones as NULL, new ones kept at the end."""
     from pyspark.sql import functions as F
 
-    present = set(df.columns)
+    from pyspark.sql.types import ArrayType, StructType
+
+    from materializer.reductions import conform, unify_types
+
+    present = {f.name: f.dataType for f in df.schema.fields}
     columns = []
     for field in schema.fields:
         if field.name in present:
-            columns.append(F.col(f"`{field.name}`").cast(field.dataType).alias(field.name))
+            column = F.col(f"`{field.name}`")
+            source = present[field.name]
+            if isinstance(field.dataType, (StructType, ArrayType)):
+                # A plain cast maps struct sub-fields by position and would put values in the
+                # wrong sub-field: conform by name, keeping sub-fields the documents add.
+                target = (unify_types(field.dataType, source) if keep_extra else None) or field.dataType
+                columns.append(conform(column, source, target).alias(field.name))
+            else:
+                columns.append(column.cast(field.dataType).alias(field.name))
         else:
             columns.append(F.lit(None).cast(field.dataType).alias(field.name))
     known = {f.name for f in schema.fields}
