@@ -103,6 +103,21 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str) -> TableSta
         return _state_from_history(dt, app_id)
 
 
+def table_version(spark: "SparkSession", table: TableRef) -> int | None:
+    """The table's latest version, from the Delta log's listing only (no state reconstruction)."""
+    if not exists(spark, table):
+        return None
+    dt = delta_table(spark, table)
+    try:
+        log = dt._jdt.deltaLog()
+        snapshot = log.update(
+            getattr(log, "update$default$1")(), getattr(log, "update$default$2")(), getattr(log, "update$default$3")()
+        )
+        return int(snapshot.version())
+    except Exception:  # noqa: BLE001 - JVM internals absent: ask the history for its last entry
+        return int(dt.history(1).select("version").collect()[0]["version"])
+
+
 def _state_from_history(dt: "DeltaTable", app_id: str) -> TableState:
     version = None
     txn = None

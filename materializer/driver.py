@@ -28,6 +28,7 @@ from materializer.delta import (
     TableRef,
     delta_table,
     table_state,
+    table_version,
     user_metadata,
 )
 from materializer.errors import StagingError
@@ -144,14 +145,15 @@ class DeltaDriver(Driver):
                     raise
                 # Another writer (a zombie about to be fenced) committed meanwhile: look again.
                 continue
-            after = table_state(self.spark, table, app_id)
+            # Only the version, for the report: the txn map would rebuild the snapshot's state.
+            after_version = table_version(self.spark, table)
             status = "applied" if metrics is not None else "skipped"
             return ApplyResult(
                 binding=binding.name,
                 table=str(table),
                 status=status if staged is not None or status == "skipped" else "empty",
                 rows=staged.rows if staged else 0,
-                delta_version=after.version,
+                delta_version=after_version,
                 metrics=metrics or {},
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
@@ -220,9 +222,9 @@ class DeltaDriver(Driver):
                 .option("userMetadata", meta)
                 .option("mergeSchema", "true")
             )
-            before = table_state(self.spark, table, self.config.pipeline_id).version if table_exists else None
+            before = table_version(self.spark, table) if table_exists else None
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            after = table_state(self.spark, table, self.config.pipeline_id).version
+            after = table_version(self.spark, table)
             return {"appended": 1} if after != before else None
 
         target = delta_table(self.spark, table)

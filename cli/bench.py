@@ -1,0 +1,110 @@
+"""``materializer bench``: the benchmark command (issue #7). The work is in :mod:`materializer.bench`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Small sizes (epochs of 10k into a 100k-row table): a few minutes."),
+    table_rows: Optional[List[int]] = typer.Option(
+        None, "--table-rows", help="Seeded table size; repeat for several (full default: 1M and 10M)."
+    ),
+    epoch_rows: Optional[List[int]] = typer.Option(
+        None, "--epoch-rows", help="Documents per epoch; repeat for several (full default: 10k, 100k, 1M)."
+    ),
+    epochs: int = typer.Option(3, "--epochs", min=1, help="Big epochs per configuration (a one-row epoch follows them)."),
+    insert_ratio: float = typer.Option(0.5, "--insert-ratio", help="Share of inserts in an epoch."),
+    update_ratio: float = typer.Option(0.4, "--update-ratio", help="Share of updates in an epoch."),
+    delete_ratio: float = typer.Option(0.1, "--delete-ratio", help="Share of deletes in an epoch."),
+    out: Path = typer.Option(Path(".bench"), "--out", help="Folder for the run's report.json and bench.png."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Measure Structured Streaming foreachBatch."),
+    recovery: bool = typer.Option(True, "--recovery/--no-recovery", help="Measure kill-and-restart (subprocesses)."),
+    replay: bool = typer.Option(True, "--replay/--no-replay", help="Measure a replayed, already-applied epoch."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Run every path once on a tiny table first (JIT)."),
+    one_row: bool = typer.Option(True, "--one-row/--no-one-row", help="Add a one-document epoch after the big ones."),
+    master: str = typer.Option("local[*]", "--master", help="Spark master."),
+    driver_memory: str = typer.Option("2g", "--driver-memory", help="spark.driver.memory (the local JVM's heap)."),
+    shuffle_partitions: Optional[int] = typer.Option(None, "--shuffle-partitions", help="spark.sql.shuffle.partitions."),
+    conf: Optional[List[str]] = typer.Option(None, "--conf", help="Extra Spark setting KEY=VALUE; repeatable."),
+    seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
+    keep_data: bool = typer.Option(False, "--keep-data", help="Keep generated inputs and tables."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
+    from materializer.bench import BenchOptions, summary_table
+
+    overrides = dict(
+        epochs=epochs,
+        insert_ratio=insert_ratio,
+        update_ratio=update_ratio,
+        delete_ratio=delete_ratio,
+        out=out,
+        peer=peer,
+        recovery=recovery,
+        replay=replay,
+        warmup=warmup,
+        one_row_epoch=one_row,
+        master=master,
+        driver_memory=driver_memory,
+        shuffle_partitions=shuffle_partitions,
+        seed=seed,
+        keep_data=keep_data,
+        spark_conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
+    )
+    if table_rows:
+        overrides["table_rows"] = list(table_rows)
+    if epoch_rows:
+        overrides["epoch_rows"] = list(epoch_rows)
+    try:
+        options = BenchOptions.quick(**overrides) if quick else BenchOptions.full(**overrides)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if table_rows or epoch_rows:
+        options.mode += "+custom-sizes"
+
+    from materializer.bench import run_bench
+
+    def say(message: str) -> None:
+        typer.echo(message, err=True)
+
+    say(
+        f"bench ({options.mode}): tables {options.table_rows} x epochs {options.epoch_rows}, "
+        f"{options.epochs} epochs each, output under {options.out}/"
+    )
+    report = run_bench(options, say=say)
+    if json_out:
+        typer.echo(json.dumps(report, indent=1, default=str))
+        return
+    _print(report, summary_table)
+
+
+def _print(report: dict, summary_table) -> None:  # type: ignore[no-untyped-def,type-arg]
+    header, rows = summary_table(report)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="materializer bench: medians per epoch (seconds unless stated)")
+        for column in header:
+            table.add_column(column, justify="left" if column == "figure" else "right")
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+    except ImportError:  # plain text when rich is absent
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        typer.echo("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+        for row in rows:
+            typer.echo("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    for goal in report.get("goals", []):
+        mark = {True: "met", False: "MISSED", None: "n/a"}[goal["met"]]
+        value = goal["value"]
+        shown = "-" if value is None else f"{value:.3f}"
+        typer.echo(f"goal [{mark}] {goal['goal']} — {goal['config']}: {shown}")
+    agree = all(c.get("tables_agree") for c in report["configs"])
+    typer.echo(f"tables agree with the generator's expected row counts: {agree}")
+    typer.echo(f"report: {report['paths']['json']}  chart: {report['paths']['chart']}  ({report['seconds']:.0f}s)")

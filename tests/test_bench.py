@@ -1,0 +1,109 @@
+"""The benchmark's machinery at a tiny size: the report has its fields and its figures are sane.
+
+Timings are not asserted against the goals (the benchmark reports those); only that they exist,
+are positive, and that the ratios are computed from them. The kill-and-restart measurement starts
+two extra JVMs and is left to ``materializer bench`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from materializer.bench import BenchOptions, epoch_phases, generate_collection, summary_table
+
+
+def test_generator_writes_distinct_keys_per_epoch_and_predicts_the_table(tmp_path: Path) -> None:
+    collection = generate_collection(tmp_path, table_rows=100, epoch_rows=20, epochs=2, ratios=(0.5, 0.3, 0.2), seed=1)
+    assert [p.name for p in collection.files] == ["epoch-000001.jsonl", "epoch-000002.jsonl", "epoch-000003.jsonl"]
+    alive = set(range(100))
+    for path in collection.files:
+        docs = [json.loads(line) for line in path.read_text().splitlines()]
+        keys = [d["id"] for d in docs]
+        assert len(keys) == len(set(keys)), "keys repeat within an epoch"
+        for doc in docs:
+            if doc.get("_meta", {}).get("op") == "d":
+                assert doc["id"] in alive, "a delete of a key that is not there"
+                alive.discard(doc["id"])
+            else:
+                alive.add(doc["id"])
+    assert [len(p.read_text().splitlines()) for p in collection.files] == [20, 20, 1]
+    assert collection.alive == len(alive) == 100 + 2 * 10 - 2 * 4
+    # The streaming file source orders by modification time: it must follow the names.
+    mtimes = [p.stat().st_mtime for p in collection.files]
+    assert mtimes == sorted(mtimes)
+
+
+def test_epoch_phases_split_each_epoch_at_the_runtime_events() -> None:
+    events = [
+        (0.0, "opened", {}),
+        (1.0, "read", {"epoch": 1, "documents": 5}),
+        (3.0, "committed", {"epoch": 1}),
+        (7.0, "acknowledged", {"epoch": 1, "first": False}),
+        (7.5, "read", {"epoch": 2, "documents": 1}),
+        (8.0, "committed", {"epoch": 2}),
+        (9.0, "acknowledged", {"epoch": 2, "first": False}),
+    ]
+    phases = epoch_phases(events)
+    assert [(p["epoch"], p["read"], p["stage"], p["apply"], p["total"]) for p in phases] == [
+        (1, 1.0, 2.0, 4.0, 7.0),
+        (2, 0.5, 0.5, 1.0, 2.0),
+    ]
+
+
+def test_ratios_must_add_to_one() -> None:
+    with pytest.raises(ValueError):
+        BenchOptions(insert_ratio=0.5, update_ratio=0.5, delete_ratio=0.5)
+
+
+@pytest.mark.spark
+def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path) -> None:
+    from materializer.bench import run_bench
+
+    options = BenchOptions(
+        table_rows=[500],
+        epoch_rows=[100],
+        epochs=1,
+        out=tmp_path,
+        recovery=False,  # two JVM start-ups: measured by `materializer bench`, too slow here
+        one_row_epoch=False,  # halves the Spark work; its figure is then reported as missing
+        warmup=False,
+        mode="test",
+    )
+    report = run_bench(options, spark=spark)  # type: ignore[arg-type]
+
+    on_disk = json.loads(Path(report["paths"]["json"]).read_text())
+    assert Path(report["paths"]["chart"]).stat().st_size > 0
+    assert {"machine", "options", "configs", "goals", "peak_memory", "seconds"} <= set(on_disk)
+    (config,) = on_disk["configs"]
+    assert config["tables_agree"], config["row_counts"]
+    assert config["row_counts"]["expected"] == 500 + 50 - 10
+
+    ours, bare, peer = config["ours"], config["bare"], config["peer"]
+    for block, parts in ((ours, ("read", "stage", "apply", "total")), (bare, ("stage", "merge", "total")), (peer, ("total",))):
+        for part in parts:
+            assert block[f"median_{part}_seconds"] > 0, (part, block)
+        assert block["one_row_seconds"] is None
+        assert block["rows_per_second"] == pytest.approx(100 / block["median_total_seconds"])
+    assert [e["epoch"] for e in ours["epochs"]] == [1]
+    assert ours["median_total_seconds"] == pytest.approx(
+        ours["median_read_seconds"] + ours["median_stage_seconds"] + ours["median_apply_seconds"]
+    )
+    assert ours["epochs"][0]["spark_jobs"] > 0
+    assert any(step.startswith("apply: MERGE") for step in ours["steps"])
+
+    ratios = config["ratios"]
+    assert ratios["ours_over_bare"] == pytest.approx(ours["median_total_seconds"] / bare["median_total_seconds"])
+    assert ratios["ours_apply_over_bare_merge"] == pytest.approx(ours["median_apply_seconds"] / bare["median_merge_seconds"])
+    assert ratios["ours_over_peer"] == pytest.approx(ours["median_total_seconds"] / peer["median_total_seconds"])
+
+    replay = config["replay"]
+    assert replay["statuses"] == ["skipped"] and replay["epoch"] == 1
+    assert 0 < replay["reapply_seconds"] < replay["run_seconds"] + 1e-9
+    assert on_disk["peak_memory"]["python_rss"] > 0 and on_disk["peak_memory"]["jvm_rss"] > 0
+    assert {g["goal"] for g in on_disk["goals"]} >= {"replayed epoch < 1 s"}
+
+    header, rows = summary_table(on_disk)
+    assert header == ["figure", config["name"]] and all(len(r) == 2 for r in rows)
