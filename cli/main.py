@@ -152,6 +152,16 @@ def status(
         raise typer.Exit(1)
 
 
+from cli.bench import bench as _bench  # noqa: E402 - issue #7; imports nothing heavy
+
+app.command(name="bench")(_bench)
+
+
+from cli.drill import register as _register_drill  # noqa: E402 - after the app exists
+
+_register_drill(app)  # `materializer drill` and `materializer recover`
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     app()

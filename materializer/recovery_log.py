@@ -69,7 +69,8 @@ def encode(entry: LogEntry) -> bytes:
 def decode(data: bytes, where: str) -> LogEntry:
     advice = (
         "the entry was damaged after it was written (logs are only ever written whole). "
-        "Restore it from a backup, or see README 'Recovering from damage'."
+        "Restore it from a backup, or stop the pipeline and run `materializer recover --config F` "
+        "(README: 'Recovering from damage')."
     )
     try:
         wrapper = json.loads(data)
@@ -207,6 +208,27 @@ class RecoveryLog:
         self._next_seq = seq + 1
         self.compact(seq)
         return entry
+
+    def check_not_fenced(self, epoch: int, *, cause: BaseException | None = None) -> None:
+        """Raise FencedError if a newer writer has published an entry since this writer's last one."""
+        if self._next_seq is None:
+            return
+        newer = [s for s in self.sequences() if s >= self._next_seq]
+        if not newer:
+            return
+        if cause is None:
+            raise self._fenced(newer[0], epoch)
+        holder = "another writer"
+        try:
+            holder = f"writer {self.read_entry(newer[0]).writer}"
+        except RecoveryLogError:
+            pass
+        detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+        raise FencedError(
+            f"pipeline {self.pipeline_id!r} was opened by {holder} (log sequence {newer[0]}) while this run "
+            f"(writer {self.writer}) was applying epoch {epoch}, so this run is fenced and stops; the newer run "
+            f"applies epoch {epoch} itself and nothing more is applied here. The apply here failed with: {detail}"
+        ) from cause
 
     def _fenced(self, seq: int, epoch: int) -> FencedError:
         holder = "another writer"

@@ -100,7 +100,13 @@ class Runtime:
             while True:
                 # --- Acknowledge / Acknowledged ---
                 if pending is not None:
-                    acknowledged = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=pending))
+                    try:
+                        acknowledged = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=pending))
+                    except Exception as exc:
+                        # A zombie (paused, then resumed) finds its staged files deleted by the
+                        # newer writer that applied them: say it is fenced, not what Spark saw.
+                        self.log.check_not_fenced(epoch, cause=exc)
+                        raise
                     if first:
                         summary.reapplied = acknowledged
                     elif current is not None:

@@ -1,0 +1,919 @@
+"""Recovery drills: kill the real ``materializer run`` over and over, then prove nothing was lost.
+
+A drill never touches the pipeline it is given. It copies the configuration into a scratch folder
+(``--workdir``, a temp folder by default) with the recovery log, the staging store and every table
+rewritten to live there; the sources are only read (their files are immutable). Then:
+
+``kills`` (the default scenario)
+    runs ``python -m cli.main run --config <scratch>`` in its own process group, once per planned
+    kill: first one kill at each named failure point (``MATERIALIZER_CRASH_AT``, so successive
+    restarts chain through the points on one pipeline), then ``--kills`` random SIGKILLs of the
+    whole group (the JVM included), most of them timed after an epoch's log commit so they land
+    while the MERGE runs. It restarts until a run exits 0 (sources drained). If the sources drain
+    before the plan is done, the round is verified and a fresh round starts.
+``zombie``
+    two runs of one pipeline at once: A is paused (SIGSTOP) right after committing an epoch, B
+    opens (fencing A), runs to the end; A is resumed (SIGCONT) and must stop with FencedError
+    (exit 4) having applied nothing more.
+``damage``
+    damages the recovery log (a torn entry, a corrupted one) and the staging store (a staged file
+    deleted, one truncated) right before their apply; each must stop the next run with its error
+    (exit 5 / 6, never a silent skip), then ``materializer recover`` must repair it, and the final
+    tables must equal the oracle.
+
+Every round is verified the same way (:func:`verify`): each table against the oracle (rows lost,
+duplicated or wrong, by key), each epoch at most once in each table's Delta history, the epoch the
+table records against the recovery log's, no orphaned staged file, and a log that reads back whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from materializer import crash, oracle
+from materializer.config import PipelineConfig, load_config, parse_config
+from materializer.errors import FencedError, MaterializerError, RecoveryLogError, StagingError
+from materializer.progress import Collector
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = ("kills", "zombie", "damage")
+DAMAGES = ("torn-log", "corrupt-log", "missing-staged", "truncated-staged")
+KILLED = -signal.SIGKILL
+
+# Lines ``materializer run`` prints on stderr, one per event (cli/main.py's _Printer).
+_OPENED = re.compile(r"^opened pipeline \S+ at epoch (\d+)")
+_READ = re.compile(r"^epoch (\d+): read ")
+_COMMITTED = re.compile(r"^epoch (\d+): committed to the recovery log")
+_APPLIED = re.compile(r"^epoch (\d+): (\w+) -> .*: (applied|skipped|empty|missing)")
+
+
+class DrillError(MaterializerError):
+    """The drill itself could not run (bad work folder, a run that never ends)."""
+
+    exit_code = 2
+
+
+# --- plans and records -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one run of the pipeline is to die."""
+
+    kind: str
+    """``point`` (MATERIALIZER_CRASH_AT), ``random`` (SIGKILL of the group by the drill), ``drain``."""
+    point: str | None = None
+    """``point``: the failure point (optionally ``point:epoch``)."""
+    trigger: str = ""
+    """``random``: the event the delay counts from: ``opened``, ``read`` or ``committed``."""
+    occurrence: int = 1
+    """``random``: which occurrence of the trigger event in the run."""
+    delay: float = 0.0
+    """``random``: seconds after the trigger; ``committed`` delays fall in the apply (MERGE) window."""
+
+    @property
+    def label(self) -> str:
+        if self.kind == "point":
+            return f"point {self.point}"
+        if self.kind == "random":
+            return f"random kill {self.delay:.2f}s after {self.trigger} #{self.occurrence}"
+        return "drain"
+
+
+@dataclass
+class RunRecord:
+    round: int
+    index: int
+    plan: str
+    kind: str
+    point: str | None
+    exit_code: int | None
+    outcome: str
+    """killed (by its crash point or the drill), finished (exit 0), failed (an error exit), hung."""
+    landed: str = ""
+    """Where a kill landed: startup, re-apply, read/stage/commit, apply, after-apply."""
+    seconds: float = 0.0
+    committed: list[int] = field(default_factory=list)
+    """Epochs this run committed to the recovery log."""
+    error: str = ""
+    """The last lines of output of a failed run."""
+
+
+@dataclass
+class TableCheck:
+    binding: str
+    table: str
+    verified: bool
+    reason: str = ""
+    expected_rows: int = 0
+    actual_rows: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    duplicated: list[dict[str, Any]] = field(default_factory=list)
+    wrong: list[dict[str, Any]] = field(default_factory=list)
+    recorded_epoch: int | None = None
+    """The txnVersion Delta records for the pipeline."""
+    expected_epoch: int | None = None
+    """The last epoch with input for this binding (oracle), when known."""
+    history_epochs: int = 0
+    epochs_applied_twice: list[int] = field(default_factory=list)
+    epochs_missing: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verification:
+    round: int
+    last_epoch: int = 0
+    """The recovery log's last committed epoch."""
+    log_entries: int = 0
+    log_problems: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    tables: list[TableCheck] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        out = list(self.log_problems)
+        if self.orphans:
+            out.append(f"{len(self.orphans)} orphaned file(s) in the staging store: {', '.join(self.orphans[:5])}")
+        for t in self.tables:
+            out += [f"{t.binding}: {p}" for p in t.problems]
+        return out
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return "FAIL"
+        if any(not t.verified for t in self.tables):
+            return "not verified"
+        return "pass"
+
+
+@dataclass
+class DrillReport:
+    scenario: str
+    config: str
+    workdir: str
+    seed: int
+    started_at: str
+    runs: list[RunRecord] = field(default_factory=list)
+    rounds: list[Verification] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """Failures of the drill's own expectations (a run that should have been fenced, …)."""
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """Failure points this configuration cannot reach, and why."""
+    seconds: float = 0.0
+    report_path: str = ""
+    stopped_early: bool = False
+    """SIGUSR1 cut the kill plan short; the verdict covers the kills made."""
+
+    @property
+    def verdict(self) -> str:
+        if self.problems or any(r.verdict == "FAIL" for r in self.rounds) or not self.rounds:
+            return "FAIL"
+        if any(r.verdict == "not verified" for r in self.rounds):
+            return "not verified"
+        return "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": 0, "FAIL": 1}.get(self.verdict, 3)
+
+    def kills(self) -> Counter[str]:
+        """Kills per failure point, and random kills per place they landed."""
+        out: Counter[str] = Counter()
+        for r in self.runs:
+            if r.outcome != "killed":
+                continue
+            out[r.point if r.kind == "point" and r.point else f"random ({r.landed or 'unknown'})"] += 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        data["kills"] = dict(self.kills())
+        data["kills_total"] = sum(self.kills().values())
+        data["restarts"] = max(0, len(self.runs) - len(self.rounds))
+        data["rows"] = {
+            "lost": sum(t.counts.get("lost", 0) for v in self.rounds for t in v.tables),
+            "duplicated": sum(t.counts.get("duplicated", 0) for v in self.rounds for t in v.tables),
+            "wrong": sum(t.counts.get("wrong", 0) for v in self.rounds for t in v.tables),
+        }
+        for v, out in zip(self.rounds, data["rounds"]):
+            out["verdict"] = v.verdict
+            out["problems"] = v.problems
+        return data
+
+
+@dataclass
+class DrillOptions:
+    config: Path
+    workdir: Path | None = None
+    """Scratch folder (must be empty or absent); None: a temp folder, deleted after a passing drill."""
+    scenario: str = "kills"
+    kills: int = 3
+    """Random kills (scenario ``kills``)."""
+    seed: int = 0
+    points: list[str] | None = None
+    """Failure points to kill at once each (None: every point the configuration can reach)."""
+    damages: list[str] | None = None
+    """Scenario ``damage``: which damages (None: all)."""
+    max_documents: int | None = None
+    """Override ``transaction.max_documents`` (more, smaller epochs give the kills more to hit)."""
+    run_timeout: float = 900.0
+    """A single run taking longer than this is a hang: the drill kills it and fails."""
+    keep: bool = False
+    report: Path | None = None
+
+
+# --- the scratch copy of the pipeline ----------------------------------------------------------
+
+
+def _absolute(path: str) -> str:
+    if "://" in path or path.startswith(("dbfs:", "/")):
+        return path
+    return os.path.abspath(path)
+
+
+def scratch_config(config: PipelineConfig, root: Path, max_documents: int | None = None) -> dict[str, Any]:
+    """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
+    data = config.model_dump(mode="json")
+    data["recovery_log"] = str(root / "log")
+    data["staging"] = str(root / "staging")
+    for binding in data["bindings"]:
+        binding["table"] = str(root / "tables" / binding["name"])
+        binding["source"]["path"] = _absolute(binding["source"]["path"])
+    if max_documents:
+        data["transaction"]["max_documents"] = max_documents
+    return data
+
+
+def unreachable_points(config: PipelineConfig) -> dict[str, str]:
+    out = {}
+    if not any(b.needs_loads for b in config.bindings):
+        out["mid-load"] = "no binding loads current rows (standard mode with a non-lastWriteWins reduction)"
+    if len(config.bindings) < 2:
+        out["after-apply"] = "fires between two bindings' applies; the pipeline has one binding"
+    return out
+
+
+# --- one run of the real CLI -------------------------------------------------------------------
+
+
+_LIVE: "set[_Child]" = set()
+"""Runs started and not yet finished: a drill that is interrupted kills their groups."""
+
+
+class _Child:
+    """``materializer <args>`` in its own session and process group, output read line by line."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self.lines: "queue.Queue[tuple[float, str] | None]" = queue.Queue()
+        self.output: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *args],
+            cwd=os.getcwd(),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # its own group: killpg reaches the JVM too, and only ours
+        )
+        _LIVE.add(self)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()  # readable while the run is still going (or paused)
+                self.lines.put((time.monotonic(), line.rstrip("\n")))
+        self.lines.put(None)
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish(self) -> int:
+        code = self.proc.wait()
+        self._reader.join(timeout=10)
+        _LIVE.discard(self)
+        # A run killed by SIGKILL may leave its JVM behind if the kill raced its start: end the
+        # group we started (only it: its id is the child's pid).
+        self.signal_group(signal.SIGKILL)
+        return code
+
+
+def child_env(crash_at: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(crash.ENV, None)
+    if crash_at:
+        env[crash.ENV] = crash_at
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Phase:
+    """Follows a run's event lines to say where the run stands (for where a kill landed)."""
+
+    def __init__(self, bindings: int) -> None:
+        self.bindings = bindings
+        self.phase = "startup"
+        self.applied_in_epoch: Counter[int] = Counter()
+        self.committed: list[int] = []
+        self.commit_times: dict[int, float] = {}
+        self.apply_windows: list[float] = []
+        self.counts: Counter[str] = Counter()
+
+    def feed(self, at: float, line: str) -> str | None:
+        """Update from one line; returns the event name, if the line is one."""
+        if _OPENED.match(line):
+            self.phase = "re-apply"
+            return "opened"
+        if _READ.match(line):
+            self.phase = "read/stage/commit"
+            return "read"
+        m = _COMMITTED.match(line)
+        if m:
+            epoch = int(m.group(1))
+            self.committed.append(epoch)
+            self.commit_times[epoch] = at
+            self.phase = "apply"
+            return "committed"
+        m = _APPLIED.match(line)
+        if m:
+            epoch = int(m.group(1))
+            self.applied_in_epoch[epoch] += 1
+            if self.applied_in_epoch[epoch] >= self.bindings and self.phase == "apply":
+                self.phase = "after-apply"
+                if epoch in self.commit_times:
+                    self.apply_windows.append(at - self.commit_times[epoch])
+            return "applied"
+        return None
+
+
+def run_once(
+    config_path: Path,
+    plan: Plan,
+    *,
+    bindings: int,
+    round_no: int,
+    index: int,
+    log_path: Path,
+    timeout: float,
+    extra_args: tuple[str, ...] = (),
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[RunRecord, _Phase]:
+    """Run the pipeline once under ``plan``; return how it ended and where a kill landed."""
+    started = time.monotonic()
+    child = _Child(["run", "--config", str(config_path), *extra_args], child_env(plan.point if plan.kind == "point" else None), log_path)
+    phase = _Phase(bindings)
+    seen: Counter[str] = Counter()
+    kill_at: float | None = None
+    killed_by_drill = False
+    landed = ""
+    deadline = started + timeout
+    while True:
+        now = time.monotonic()
+        if kill_at is not None and now >= kill_at and not killed_by_drill:
+            landed = phase.phase
+            child.signal_group(signal.SIGKILL)
+            killed_by_drill = True
+        if now > deadline and not killed_by_drill:
+            child.signal_group(signal.SIGKILL)
+            child.finish()
+            raise DrillError(f"run {index} ({plan.label}) did not end within {timeout:.0f}s; see {log_path}")
+        wait = 0.05 if kill_at is None else max(0.001, min(0.05, kill_at - now))
+        try:
+            item = child.lines.get(timeout=wait)
+        except queue.Empty:
+            continue
+        if item is None:
+            break
+        at, line = item
+        child.output.append(line)
+        event = phase.feed(at, line)
+        if on_line is not None:
+            on_line(line)
+        if event is not None:
+            seen[event] += 1
+            if plan.kind == "random" and kill_at is None and event == plan.trigger and seen[event] == plan.occurrence:
+                kill_at = at + plan.delay
+    code = child.finish()
+    if killed_by_drill:
+        outcome = "killed"
+    elif code == KILLED and plan.kind == "point":
+        outcome, landed = "killed", plan.point or ""
+    elif code == 0:
+        outcome = "finished"
+    else:
+        outcome = "failed"
+    tail = "\n".join(l for l in child.output if not l.startswith((" ", "\t", ":: ")))[-2000:]
+    record = RunRecord(
+        round=round_no,
+        index=index,
+        plan=plan.label,
+        kind=plan.kind,
+        point=plan.point,
+        exit_code=code,
+        outcome=outcome,
+        landed=landed,
+        seconds=round(time.monotonic() - started, 2),
+        committed=list(phase.committed),
+        error=tail if outcome == "failed" else "",
+    )
+    return record, phase
+
+
+# --- verification ------------------------------------------------------------------------------
+
+
+def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1) -> Verification:
+    """Tables against the oracle, Delta history against the log, staging empty, log whole."""
+    from materializer.delta import TableRef, history, table_state
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    result = Verification(round=round_no)
+    log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+    last_commit = None
+    try:
+        entries = log.entries()
+    except RecoveryLogError as exc:
+        result.log_problems.append(f"recovery log does not read back: {exc}")
+        entries = []
+    result.log_entries = len(entries)
+    previous = None
+    for entry in entries:
+        if entry.kind != "commit":
+            continue
+        if previous is not None:
+            recovered = entry.writer.startswith("recover-") and entry.epoch == previous.epoch
+            if entry.epoch != previous.epoch + 1 and not recovered:
+                result.log_problems.append(
+                    f"log sequence {entry.seq} commits epoch {entry.epoch} right after epoch {previous.epoch}"
+                )
+        previous = last_commit = entry
+    seqs = [e.seq for e in entries]
+    if seqs and seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+        result.log_problems.append(f"log sequence numbers have a gap: {seqs}")
+    result.last_epoch = last_commit.epoch if last_commit else 0
+
+    staging = open_store(config.staging)
+    result.orphans = [f.path for f in staging.list()]
+
+    expectations = oracle.expected_all(config)
+    known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
+    if len(known) == len(config.bindings) and max(known, default=0) != result.last_epoch:
+        result.log_problems.append(
+            f"the recovery log ends at epoch {result.last_epoch}; the sources make {max(known, default=0)} epochs"
+        )
+    for binding in config.bindings:
+        exp = expectations[binding.name]
+        ref = TableRef(binding.table)
+        state = table_state(spark, ref, config.pipeline_id)
+        rows: list[dict[str, Any]] = []
+        if state.exists:
+            reader = spark.read.format("delta")
+            df = reader.load(ref.location) if ref.is_path else spark.table(ref.location)
+            # A drill table is small; the oracle is plain Python, so the rows come to the driver.
+            rows = [r.asDict(recursive=True) for r in df.collect()]
+        cmp = oracle.compare(exp, rows, binding.key)
+        check = TableCheck(
+            binding=binding.name,
+            table=str(ref),
+            verified=exp.verified,
+            reason=exp.reason,
+            expected_rows=cmp.expected_rows,
+            actual_rows=cmp.actual_rows,
+            counts=dict(cmp.counts),
+            lost=cmp.lost,
+            duplicated=cmp.duplicated,
+            wrong=cmp.wrong,
+            recorded_epoch=state.txn_version,
+            expected_epoch=exp.epochs if exp.verified else None,
+        )
+        for kind in ("lost", "duplicated", "wrong"):
+            if cmp.counts[kind]:
+                keys = ", ".join(json.dumps(d["key"]) for d in getattr(cmp, kind)[:10])
+                check.problems.append(f"{cmp.counts[kind]} row(s) {kind} (keys {keys})")
+        tagged = [
+            h["tag"]["epoch"]
+            for h in history(spark, ref)
+            if h["tag"] and h["tag"].get("pipeline") == config.pipeline_id and h["tag"].get("binding") == binding.name
+        ]
+        check.history_epochs = len(tagged)
+        check.epochs_applied_twice = sorted(e for e, n in Counter(tagged).items() if n > 1)
+        if check.epochs_applied_twice:
+            check.problems.append(f"Delta history holds epochs {check.epochs_applied_twice} more than once")
+        recorded = state.txn_version or 0
+        if tagged and max(tagged) != recorded:
+            check.problems.append(f"history's last epoch {max(tagged)} differs from the txn version {recorded}")
+        if recorded > result.last_epoch:
+            check.problems.append(f"table records epoch {recorded}, beyond the log's last epoch {result.last_epoch}")
+        if exp.verified and exp.epochs is not None:
+            check.epochs_missing = sorted(set(range(1, exp.epochs + 1)) - set(tagged))
+            if check.epochs_missing:
+                check.problems.append(f"Delta history lacks epochs {check.epochs_missing[:20]}")
+            if recorded != exp.epochs:
+                check.problems.append(f"table records epoch {recorded}; its source's input ends at epoch {exp.epochs}")
+        elif last_commit and last_commit.driver_checkpoint and binding.name in last_commit.driver_checkpoint.staged:
+            if recorded != result.last_epoch:
+                check.problems.append(f"table records epoch {recorded}; the log's last epoch is {result.last_epoch}")
+        result.tables.append(check)
+    return result
+
+
+# --- the drill ---------------------------------------------------------------------------------
+
+
+class Drill:
+    def __init__(self, options: DrillOptions, collector: Collector | None = None) -> None:
+        self.options = options
+        self.collector = collector or Collector()
+        self.source_config = load_config(options.config)
+        self.rng = random.Random(options.seed)
+        if options.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="materializer-drill-"))
+            self._temp = True
+        else:
+            self.workdir = options.workdir.absolute()
+            self._temp = False
+            if self.workdir.exists() and any(self.workdir.iterdir()):
+                raise DrillError(
+                    f"--workdir {self.workdir} is not empty: a drill starts from a fresh copy of the pipeline. "
+                    "Give an empty or new folder."
+                )
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        self.report = DrillReport(
+            scenario=options.scenario,
+            config=str(options.config),
+            workdir=str(self.workdir),
+            seed=options.seed,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        self.round_no = 0
+        self.config_path = Path()
+        self.config = self.source_config
+        self._spark: "SparkSession | None" = None
+        self._index = 0
+        self.apply_windows: list[float] = []
+        self.stop_requested = False
+
+    # --- rounds ---
+
+    def new_round(self) -> None:
+        self.round_no += 1
+        root = self.workdir / f"round-{self.round_no:03d}"
+        root.mkdir(parents=True)
+        (root / "runs").mkdir()
+        data = scratch_config(self.source_config, root, self.options.max_documents)
+        self.config = parse_config(data, "drill scratch config")
+        self.config_path = root / "pipeline.yaml"
+        self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        self.collector.event("round", round=self.round_no, workdir=str(root))
+
+    @property
+    def root(self) -> Path:
+        return self.config_path.parent
+
+    def spark(self) -> "SparkSession":
+        if self._spark is None:
+            from materializer.spark import build_session
+
+            self._spark = build_session(
+                self.config.spark.master, dict(self.config.spark.conf), app_name="materializer-drill"
+            )
+        return self._spark
+
+    def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
+        self._index += 1
+        self.collector.event("run", index=self._index, plan=plan.label)
+        record, phase = run_once(
+            self.config_path,
+            plan,
+            bindings=len(self.config.bindings),
+            round_no=self.round_no,
+            index=self._index,
+            log_path=self.root / "runs" / f"{self._index:04d}.log",
+            timeout=self.options.run_timeout,
+            extra_args=extra_args,
+        )
+        self.apply_windows += phase.apply_windows
+        self.report.runs.append(record)
+        self.collector.event("ran", record=record)
+        return record
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        """Run another ``materializer`` command (recover) to the end; its exit code and output."""
+        self._index += 1
+        log_path = self.root / "runs" / f"{self._index:04d}-{args[0]}.log"
+        child = _Child([*args, "--config", str(self.config_path)], child_env(), log_path)
+        while child.lines.get() is not None:
+            pass
+        code = child.finish()
+        return code, log_path.read_text()
+
+    def verify_round(self) -> Verification:
+        self.collector.event("verifying", round=self.round_no)
+        result = verify(self.config, self.spark(), self.round_no)
+        self.report.rounds.append(result)
+        self.collector.event("verified", verification=result)
+        return result
+
+    def drain(self) -> bool:
+        """Run without kills until a run exits 0; False if the pipeline cannot finish."""
+        for _attempt in range(3):
+            record = self.run(Plan("drain"))
+            if record.outcome == "finished":
+                return True
+            if record.outcome == "failed":
+                self.report.problems.append(f"run {record.index} ({record.plan}) failed, exit {record.exit_code}:\n{record.error}")
+                return False
+        self.report.problems.append("the pipeline did not finish after 3 clean runs")
+        return False
+
+    # --- scenario: kills ---
+
+    def plans(self) -> list[Plan]:
+        points = self.options.points if self.options.points is not None else list(crash.POINTS)
+        for p in points:
+            crash.parse(p)  # unknown names are errors, before anything runs
+        requested = {p.split(":")[0] for p in points}
+        self.report.unreachable = {p: why for p, why in unreachable_points(self.source_config).items() if p in requested}
+        plans = [Plan("point", point=p) for p in points if p.split(":")[0] not in self.report.unreachable]
+        for _ in range(self.options.kills):
+            roll = self.rng.random()
+            if roll < 0.6:
+                # After a log commit the apply (its MERGE) starts at once: a delay within the window
+                # apply takes lands most of these kills inside the Spark job.
+                plans.append(Plan("random", trigger="committed", occurrence=self.rng.choice((1, 1, 2)), delay=self.rng.random()))
+            elif roll < 0.8:
+                plans.append(Plan("random", trigger="read", occurrence=self.rng.choice((1, 2)), delay=self.rng.random() * 1.5))
+            else:
+                plans.append(Plan("random", trigger="opened", occurrence=1, delay=self.rng.random() * 4.0))
+        return plans
+
+    def _scale(self, plan: Plan) -> Plan:
+        # Stretch "committed" delays to the apply time measured so far on this machine.
+        if plan.kind == "random" and plan.trigger == "committed" and self.apply_windows:
+            window = statistics.median(self.apply_windows)
+            return Plan("random", trigger=plan.trigger, occurrence=plan.occurrence, delay=plan.delay * window)
+        return plan
+
+    def kills(self, tick: Callable[[], None] = lambda: None) -> None:
+        self.new_round()
+        for plan in self.plans():
+            if self.stop_requested:
+                self.report.stopped_early = True
+                break
+            for _attempt in range(2):
+                record = self.run(self._scale(plan))
+                if record.outcome == "killed":
+                    break
+                if record.outcome == "failed":
+                    self.report.problems.append(
+                        f"run {record.index} ({record.plan}) failed with exit {record.exit_code} instead of recovering:\n{record.error}"
+                    )
+                    self.verify_round()
+                    return
+                # Drained before the kill: verify this round and go again on a fresh copy.
+                self.verify_round()
+                self.new_round()
+            else:
+                self.report.problems.append(f"{plan.label}: never reached, even on a fresh pipeline")
+            tick()
+        self.drain()
+        self.verify_round()
+        tick()
+
+    # --- scenario: zombie ---
+
+    def zombie(self, tick: Callable[[], None] = lambda: None) -> None:
+        self.new_round()
+        self._index += 1
+        log_a = self.root / "runs" / f"{self._index:04d}-zombie.log"
+        started = time.monotonic()
+        zombie = _Child(["run", "--config", str(self.config_path)], child_env(), log_a)
+        phase = _Phase(len(self.config.bindings))
+        pause_at: float | None = None
+        delay = self.rng.random() * 0.5
+        while True:
+            item = zombie.lines.get(timeout=self.options.run_timeout)
+            if item is None:
+                break
+            at, line = item
+            zombie.output.append(line)
+            if phase.feed(at, line) == "committed" and pause_at is None:
+                pause_at = at + delay
+                while time.monotonic() < pause_at:
+                    time.sleep(0.005)
+                # Pause the whole group (Python and JVM) right after its first log commit,
+                # possibly inside that epoch's MERGE.
+                zombie.signal_group(signal.SIGSTOP)
+                break
+        if pause_at is None:
+            zombie.finish()
+            self.report.problems.append("zombie run ended before committing an epoch: the source is too small")
+            return
+        landed = phase.phase
+        tick()
+        fresh = self.run(Plan("drain"))
+        tick()
+        zombie.signal_group(signal.SIGCONT)
+        while zombie.lines.get(timeout=self.options.run_timeout) is not None:
+            pass
+        code = zombie.finish()
+        text = log_a.read_text()
+        self.report.runs.append(
+            RunRecord(
+                round=self.round_no,
+                index=self._index,
+                plan=f"zombie: paused {delay:.2f}s after its first commit, resumed after the new run ended",
+                kind="zombie",
+                point=None,
+                exit_code=code,
+                outcome="fenced" if code == FencedError.exit_code else ("finished" if code == 0 else "failed"),
+                landed=landed,
+                seconds=round(time.monotonic() - started, 2),
+                committed=phase.committed,
+                error="\n".join(l for l in text.splitlines() if l.startswith("error:"))[-2000:],
+            )
+        )
+        if fresh.outcome != "finished":
+            self.report.problems.append(f"the new run did not finish (exit {fresh.exit_code}):\n{fresh.error}")
+        if code != FencedError.exit_code or "fenced" not in text:
+            self.report.problems.append(
+                f"the paused run exited {code} instead of being fenced (exit {FencedError.exit_code}); see {log_a}"
+            )
+        self.verify_round()
+        tick()
+
+    # --- scenario: damage ---
+
+    def damage(self, tick: Callable[[], None] = lambda: None) -> None:
+        from materializer.recovery_log import RecoveryLog
+        from materializer.storage import open_store
+
+        damages = self.options.damages or list(DAMAGES)
+        self.new_round()
+        # Each damage is done to a different epoch of one pipeline: crash where it leaves the
+        # damaged thing unapplied, damage it, check the next run refuses, recover, go on.
+        setups = {
+            # the commit entry of the epoch is durable, nothing applied yet
+            "torn-log": ("after-log-commit", RecoveryLogError.exit_code),
+            # every table applied the epoch, its entry is then damaged: recover must see that
+            "corrupt-log": ("after-ack-before-gc", RecoveryLogError.exit_code),
+            "missing-staged": ("after-log-commit", StagingError.exit_code),
+            # the first binding applied, the last binding's staged file is then truncated
+            "truncated-staged": ("after-apply" if len(self.config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
+        }
+        log = RecoveryLog(open_store(self.config.recovery_log), self.config.pipeline_id)
+        staging = open_store(self.config.staging)
+        epoch = 1
+        for name in damages:
+            if name not in setups:
+                raise DrillError(f"unknown damage {name!r}; known: {', '.join(DAMAGES)}")
+            point, want_code = setups[name]
+            epoch += 1
+            record = self.run(Plan("point", point=f"{point}:{epoch}"))
+            if record.outcome != "killed":
+                self.report.problems.append(f"{name}: the run did not stop at {point}:{epoch} ({record.outcome}); source too small?")
+                break
+            what = _damage(name, log, staging, self.config)
+            self.collector.event("damaged", damage=name, what=what)
+            failed = self.run(Plan("drain"))
+            text = (self.root / "runs" / f"{failed.index:04d}.log").read_text()
+            failed.plan = f"after {name}: {what}"
+            if failed.exit_code != want_code:
+                self.report.problems.append(
+                    f"{name} ({what}): the next run exited {failed.exit_code}, expected {want_code} (a clear error)"
+                )
+                break
+            if "materializer recover" not in text:
+                self.report.problems.append(f"{name}: the error does not say how to recover:\n{failed.error}")
+            code, out = self.cli("recover")
+            self.report.runs.append(
+                RunRecord(self.round_no, self._index, f"recover after {name}", "recover", None, code,
+                          "finished" if code == 0 else "failed", error="" if code == 0 else out[-2000:])
+            )
+            if code != 0:
+                self.report.problems.append(f"{name}: `materializer recover` failed (exit {code}):\n{out[-2000:]}")
+                break
+            tick()
+        self.drain()
+        self.verify_round()
+        tick()
+
+    # --- all ---
+
+    def execute(self, tick: Callable[[], None] = lambda: None) -> DrillReport:
+        started = time.monotonic()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            # A drill stopped by SIGTERM (a CI timeout) must not leave its runs and JVMs behind.
+            previous = signal.signal(signal.SIGTERM, _interrupt)
+            # SIGUSR1: stop killing after the current run, then drain and verify as usual
+            # (a long drill cut short still ends with a verdict on the kills it made).
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "stop_requested", True))
+        try:
+            getattr(self, self.options.scenario)(tick)
+        finally:
+            for child in list(_LIVE):
+                child.signal_group(signal.SIGKILL)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.report.seconds = round(time.monotonic() - started, 1)
+            if self._spark is not None:
+                self._spark.stop()
+        path = self.options.report or (self.workdir / "drill-report.json")
+        self.report.report_path = str(path)
+        if self._temp and not self.options.keep and self.report.verdict == "pass":
+            # A passing drill in a temp folder leaves only its report; a failing one keeps
+            # everything (tables, log, staging, each run's output) for the post-mortem.
+            for round_dir in self.workdir.glob("round-*"):
+                shutil.rmtree(round_dir, ignore_errors=True)
+        path.write_text(json.dumps(self.report.to_json(), indent=2, default=str))
+        return self.report
+
+    def planned(self) -> int:
+        """Steps the progress bar counts."""
+        if self.options.scenario == "kills":
+            points = self.options.points if self.options.points is not None else list(crash.POINTS)
+            reachable = [p for p in points if p.split(":")[0] not in unreachable_points(self.source_config)]
+            return len(reachable) + self.options.kills + 1
+        if self.options.scenario == "zombie":
+            return 3
+        return len(self.options.damages or DAMAGES) + 1
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"drill stopped by signal {signum}")
+
+
+# --- damage helpers ----------------------------------------------------------------------------
+
+
+def _damage(name: str, log: Any, staging: Any, config: PipelineConfig) -> str:
+    """Do one damage to the pipeline's state; returns what was done."""
+    from materializer.recovery_log import entry_path
+
+    state = log.read()
+    entry = state.last_commit
+    assert entry is not None and entry.driver_checkpoint is not None
+    path = Path(log.store.spark_path(entry_path(entry.seq)))
+    if name == "torn-log":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return f"tore log entry {path.name} (epoch {entry.epoch}) to {len(data) // 2} of {len(data)} bytes"
+    if name == "corrupt-log":
+        data = path.read_text()
+        # Change one digit of the body: still valid JSON, so only the checksum can tell.
+        changed = re.sub(r'"rows": (\d+)', lambda m: f'"rows": {int(m.group(1)) + 1}', data, count=1)
+        path.write_text(changed)
+        return f"changed a row count in log entry {path.name} (epoch {entry.epoch})"
+    # In the configuration's order (the entry's own order is alphabetical): the first binding's
+    # file is unapplied after `after-log-commit`, the last binding's after `after-apply`.
+    in_order = [entry.driver_checkpoint.staged.get(b.name) for b in config.bindings]
+    staged = [s for s in in_order if s is not None]
+    if name == "missing-staged":
+        target = staged[0]
+        staging.delete_prefix(target.uri)
+        return f"deleted staged dataset {target.uri} (epoch {entry.epoch})"
+    if name == "truncated-staged":
+        target = staged[-1]
+        files = [f for f in staging.list(target.uri) if not f.path.rsplit("/", 1)[-1].startswith(("_", "."))]
+        victim = Path(staging.spark_path(files[0].path))
+        data = victim.read_bytes()
+        victim.write_bytes(data[: len(data) // 2])
+        return f"truncated staged file {files[0].path} (epoch {entry.epoch}) to {len(data) // 2} of {len(data)} bytes"
+    raise DrillError(f"unknown damage {name!r}")

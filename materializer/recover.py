@@ -1,0 +1,231 @@
+"""``materializer recover``: repair a damaged recovery log or staged file without losing an epoch.
+
+What can be damaged, and why it can be repaired exactly:
+
+* **A staged file** of the last committed epoch N (deleted, truncated) whose table does not record
+  N yet. The entry's driver checkpoint keeps ``rewind``, where the sources stood before N. Source
+  files are immutable and a batch is the next ``max_documents`` documents after a checkpoint, so
+  re-reading from ``rewind`` gives epoch N's batch again; we check that it ends exactly at the
+  entry's runtime checkpoint (else the source or ``max_documents`` changed and we stop). Every
+  table is at N-1 or later (N was committed only after N-1 was applied everywhere), so loads are
+  read-committed as in the original run. The re-staged files are committed in a new log entry for
+  the **same epoch N**; the next ``run`` applies it with txnVersion N, so a table that did record
+  N meanwhile skips it.
+* **A recovery-log entry** (torn, failing its checksum). Its bytes are kept under ``damaged/`` in
+  the log store and the entry is replaced, at the same sequence number, by a fence: the sequence
+  stays taken, so a zombie writer stays fenced. If it was the last commit (epoch N = the previous
+  commit's epoch + 1), what the tables record tells what happened: no table records N, so N was
+  never applied and the next run simply reads it again from the previous commit's checkpoint;
+  some table records N, so recover re-reads N from there, stages it for the tables that lack it,
+  and commits it as epoch N.
+
+Anything else (two epochs lost, the previous commit compacted away, a source that changed) stops
+with an error saying what is missing; nothing is guessed. Stop the pipeline before recovering:
+recover opens the log, which fences any run still active.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from materializer import reductions
+from materializer.config import PipelineConfig
+from materializer.delta import TableRef, table_state
+from materializer.driver import DeltaDriver, is_data_file
+from materializer.errors import RecoveryLogError, StagingError
+from materializer.progress import Collector
+from materializer.protocol import Acknowledge, DriverCheckpoint, Flush, Load, StagedFile, StartCommit, Store
+from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
+from materializer.sources import open_source
+from materializer.storage import Store as FileStore
+from materializer.storage import open_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DAMAGED = "damaged"
+
+
+@dataclass
+class RecoverySummary:
+    pipeline_id: str
+    actions: list[str] = field(default_factory=list)
+    """What recover did, in order, for people."""
+    recommitted_epoch: int | None = None
+    """The epoch committed again with re-staged files (None: nothing needed)."""
+    restaged: dict[str, int] = field(default_factory=dict)
+    """Rows re-staged per binding."""
+
+
+def _staged_intact(staging: FileStore, staged: StagedFile) -> bool:
+    files, size = 0, 0
+    for info in staging.list(staged.uri):
+        if is_data_file(info.path):
+            files += 1
+            size += info.size
+    return (files, size) == (staged.files, staged.bytes)
+
+
+def _repair_entries(log: RecoveryLog, summary: RecoverySummary) -> None:
+    """Keep each damaged entry's bytes under ``damaged/`` and put a fence at its sequence number."""
+    last_epoch = 0
+    for seq in log.sequences():
+        path = entry_path(seq)
+        where = f"{log.store.uri}/{path}"
+        try:
+            data = log.store.get(path)
+        except FileNotFoundError:
+            continue
+        try:
+            entry = decode(data, where)
+            if entry.seq != seq:
+                raise RecoveryLogError(f"recovery log entry {where} claims sequence {entry.seq}")
+        except RecoveryLogError as exc:
+            keep = f"{DAMAGED}/{seq:020d}-{uuid.uuid4().hex[:8]}.json"
+            log.store.put_if_absent(keep, data)
+            fence = LogEntry(seq=seq, kind="fence", pipeline_id=log.pipeline_id, writer=log.writer, epoch=last_epoch)
+            fd, tmp = tempfile.mkstemp(prefix="recover-", dir=log.store.local_temp_dir())
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(encode(fence))
+                handle.flush()
+                os.fsync(handle.fileno())
+            # Replaced, not deleted: a free sequence number would let a zombie commit there.
+            log.store.put_file(path, tmp)
+            summary.actions.append(f"log entry {seq} was damaged ({exc}); kept it as {log.store.uri}/{keep} and put a fence in its place")
+            continue
+        if entry.pipeline_id != log.pipeline_id:
+            raise RecoveryLogError(
+                f"recovery log {log.store.uri} belongs to pipeline {entry.pipeline_id!r}, not {log.pipeline_id!r}"
+            )
+        if entry.kind == "commit":
+            last_epoch = entry.epoch
+
+
+def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> RecoverySummary:
+    collector = collector or Collector()
+    summary = RecoverySummary(pipeline_id=config.pipeline_id)
+    staging = open_store(config.staging)
+    log = RecoveryLog(
+        open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, writer=f"recover-{uuid.uuid4().hex[:8]}"
+    )
+    _repair_entries(log, summary)
+    # Open first: its fence stops any run still active before anything is re-staged.
+    state = log.open()
+    last = state.last_commit
+    last_epoch = state.last_epoch
+    recorded = {
+        b.name: table_state(spark, TableRef(b.table), config.pipeline_id).txn_version or 0 for b in config.bindings
+    }
+    ahead = {name: epoch for name, epoch in recorded.items() if epoch > last_epoch}
+    if any(epoch > last_epoch + 1 for epoch in ahead.values()):
+        raise RecoveryLogError(
+            f"tables record epochs {ahead} but the recovery log ends at epoch {last_epoch}: more than one "
+            "committed epoch is missing from the log. Restore the log from a backup; recover cannot rebuild it."
+        )
+    driver = DeltaDriver(spark, config, staging, collector)
+
+    if ahead:
+        # The lost entry was epoch last+1, applied to some tables: re-commit it from last's checkpoint.
+        target = last_epoch + 1
+        rewind: dict[str, Any] = dict(last.runtime_checkpoint or {}) if last else {}
+        if last is not None and last.driver_checkpoint is not None:
+            # Every table must hold epoch `last` before epoch `target` is staged (read-committed).
+            driver.acknowledge(Acknowledge(epoch=last_epoch, driver_checkpoint=last.driver_checkpoint))
+        restage = {b.name for b in config.bindings if recorded[b.name] < target}
+        keep: dict[str, StagedFile | None] = {}
+        expected_end: dict[str, Any] | None = None
+        summary.actions.append(
+            f"tables {sorted(ahead)} record epoch {target}, whose log entry is lost: re-reading it from epoch {last_epoch}'s checkpoint"
+        )
+    else:
+        if last is None or last.driver_checkpoint is None:
+            summary.actions.append("nothing committed yet: nothing to recover")
+            return summary
+        target = last_epoch
+        checkpoint = last.driver_checkpoint
+        keep = {}
+        restage = set()
+        for name, staged in checkpoint.staged.items():
+            if staged is None or recorded.get(name, 0) >= target:
+                keep[name] = None if recorded.get(name, 0) >= target else staged
+            elif _staged_intact(staging, staged):
+                keep[name] = staged
+            else:
+                restage.add(name)
+                summary.actions.append(f"epoch {target}, binding {name}: staged file {staged.uri} is missing or damaged")
+        if not restage:
+            summary.actions.append(f"epoch {target}: the log reads back and its staged files are intact; nothing to re-stage")
+            return summary
+        if checkpoint.rewind is None:
+            raise StagingError(
+                f"epoch {target}: the log entry has no rewind checkpoint (written by an older version), so the "
+                "epoch cannot be re-read from the source. Restore the staged files from a backup."
+            )
+        rewind = dict(checkpoint.rewind)
+        expected_end = dict(last.runtime_checkpoint or {})
+
+    # --- re-read the epoch's batches (every binding: the new checkpoint needs them all) ---
+    new_checkpoint = dict(rewind)
+    batches = {}
+    for binding in config.bindings:
+        source = open_source(binding, staging)
+        batch = source.next_batch(
+            spark, rewind.get(binding.name), config.transaction.max_documents,
+            f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
+        )
+        if batch is None:
+            if binding.name in restage:
+                raise StagingError(
+                    f"epoch {target}, binding {binding.name}: re-reading the source from {rewind.get(binding.name)} finds "
+                    "nothing, but the epoch had input: the source changed. Restore the staged file from a backup."
+                )
+            continue
+        new_checkpoint[binding.name] = batch.checkpoint
+        if expected_end is not None and binding.name in restage and batch.checkpoint != expected_end.get(binding.name):
+            raise StagingError(
+                f"epoch {target}, binding {binding.name}: re-reading the source from {rewind.get(binding.name)} ends at "
+                f"{batch.checkpoint}, but the epoch ended at {expected_end.get(binding.name)}: the source files or "
+                "transaction.max_documents changed since, so the epoch cannot be re-staged exactly. Restore the "
+                "staged file from a backup, or restore the configuration's max_documents."
+            )
+        batches[binding.name] = batch
+        if binding.name not in restage and ahead:
+            keep[binding.name] = None  # that table already records the epoch
+    if expected_end is not None:
+        new_checkpoint = expected_end
+
+    # --- loads, store, stage: the runtime's own steps, for the bindings to re-stage ---
+    for name in sorted(restage):
+        binding = config.binding(name)
+        if name in batches and binding.needs_loads:
+            driver.load(Load(binding=name, keys=batches[name].documents.select(*binding.key)))
+    loaded = {item.binding: item.rows for item in driver.flush(Flush()).loaded}
+    for name in sorted(restage):
+        if name not in batches:
+            continue
+        binding = config.binding(name)
+        driver.store(Store(binding=name, documents=reductions.reduce(batches[name].documents, loaded.get(name), binding)))
+    started = driver.start_commit(StartCommit(epoch=target, runtime_checkpoint=new_checkpoint, rewind=rewind))
+    staging.delete_prefix(f"spool/recover-epoch-{target:012d}")
+    staged: dict[str, StagedFile | None] = {}
+    for binding in config.bindings:
+        if binding.name in restage and binding.name in batches:
+            staged[binding.name] = started.driver_checkpoint.staged.get(binding.name)
+            new = staged[binding.name]
+            summary.restaged[binding.name] = new.rows if new else 0
+        elif binding.name in keep:
+            staged[binding.name] = keep[binding.name]
+
+    # --- commit epoch `target` again; the next run applies it ---
+    driver_checkpoint = DriverCheckpoint(epoch=target, staged=staged, rewind=rewind)
+    entry = log.commit(target, new_checkpoint, driver_checkpoint)
+    summary.recommitted_epoch = target
+    summary.actions.append(
+        f"committed epoch {target} again (log sequence {entry.seq}) with re-staged files for {sorted(summary.restaged)}; "
+        "`materializer run` applies it"
+    )
+    return summary

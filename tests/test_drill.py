@@ -1,0 +1,258 @@
+"""Recovery drills: `materializer drill` kills the real CLI, restarts it, and proves the tables right.
+
+The short drills here run in CI on every change (each JVM start costs ~15 s, so the failure points
+are chained over successive restarts of one pipeline). ``pytest -m drill`` runs the long one.
+Fast unit tests of the oracle and the plan run without a JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer import crash, oracle
+from materializer.config import parse_config
+from materializer.drill import Drill, DrillOptions, scratch_config, unreachable_points
+from tests.helpers import REPO, binding, run_cli, write_config, write_jsonl
+
+
+def make_collection(folder: Path, *, files: int = 4, per_file: int = 15, keys: int = 12, seed: int = 7) -> Path:
+    """Inserts, updates and deletes of ``keys`` keys over ``files`` JSONL files; returns the folder."""
+    rng = random.Random(seed)
+    n = 0
+    for f in range(files):
+        docs: list[dict[str, Any]] = []
+        for _ in range(per_file):
+            n += 1
+            k = rng.randrange(keys)
+            if rng.random() < 0.15 and n > 1:
+                docs.append({"_meta": {"op": "d"}, "id": k})
+            else:
+                # Integral and fractional scores: the oracle must match Spark's doubles. The first
+                # document sets the column's type to double (an int column refuses 2.5 later).
+                score = 0.5 if n == 1 else rng.choice([1, 2.5, 3])
+                docs.append({"id": k, "n": n, "name": f"v{n}", "score": score})
+        write_jsonl(folder / f"part-{f:03d}.jsonl", docs)
+    return folder
+
+
+def pipeline(tmp_path: Path, *, max_documents: int = 6, loads: bool = False, **collection: Any) -> Path:
+    """Two bindings on one collection: standard mode and delta-updates mode (so after-apply fires).
+
+    ``loads``: the standard binding reduces ``n`` by max, so it loads current rows (mid-load fires).
+    """
+    source = make_collection(tmp_path / "source", **collection)
+    prod = tmp_path / "prod"
+    prod.mkdir()
+    extra: dict[str, Any] = {"reductions": {"n": "max"}} if loads else {}
+    return write_config(
+        prod,
+        [
+            binding("items", source, prod / "tables" / "items", **extra),
+            binding("item_events", source, prod / "tables" / "item_events", mode="delta_updates"),
+        ],
+        pipeline_id="drill-test",
+        max_documents=max_documents,
+    )
+
+
+def _base() -> dict[str, Any]:
+    return {"pipeline_id": "p", "recovery_log": "l", "staging": "s"}
+
+
+# --- without a JVM -----------------------------------------------------------------------------
+
+
+def test_oracle_standard_and_delta_updates(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", [{"id": 1, "v": 1}, {"id": 2, "v": 2}, {"id": 1, "v": 3}])
+    write_jsonl(src / "b.jsonl", [{"_meta": {"op": "d"}, "id": 2}, {"id": 3, "v": 4.0}])
+    cfg = parse_config(
+        {
+            "pipeline_id": "p",
+            "recovery_log": "l",
+            "staging": "s",
+            "transaction": {"max_documents": 2},
+            "bindings": [
+                binding("std", src, tmp_path / "t1"),
+                binding("upd", src, tmp_path / "t2", mode="delta_updates"),
+            ],
+        },
+        "test",
+    )
+    std = oracle.expected(cfg.binding("std"), 2)
+    assert std.verified and std.epochs == 3 and std.documents == 5
+    assert {k: json.loads(next(iter(c))) for k, c in std.rows.items()} == {(1,): {"id": 1, "v": 3}, (3,): {"id": 3, "v": 4}}
+    upd = oracle.expected(cfg.binding("upd"), 2)
+    # epochs: [1:v1, 2:v2] [1:v3, 2:delete] [3:v4]
+    assert sum(sum(c.values()) for c in upd.rows.values()) == 5
+    assert upd.rows[(2,)] == Counter({'{"_op":"u","id":2,"v":2}': 1, '{"_op":"d","id":2}': 1})
+    # Reductions: the seed's example, -1, 3, 2 then 6, -7, -1 (max_documents 3).
+    write_jsonl(tmp_path / "seed" / "a.jsonl", [{"id": 1, "v": v} for v in (-1, 3, 2, 6, -7, -1)])
+    seed = {"name": "s", "source": {"format": "documents", "path": str(tmp_path / "seed")}, "table": "t", "key": ["id"]}
+    std_sum = oracle.expected(parse_config({**_base(), "bindings": [{**seed, "reductions": {"v": "sum"}}]}, "t").bindings[0], 3)
+    assert std_sum.rows == {(1,): Counter({'{"id":1,"v":2}': 1})}
+    upd_sum = oracle.expected(
+        parse_config({**_base(), "bindings": [{**seed, "mode": "delta_updates", "reductions": {"v": "sum"}}]}, "t").bindings[0], 3
+    )
+    assert upd_sum.rows == {(1,): Counter({'{"_op":"u","id":1,"v":4}': 1, '{"_op":"u","id":1,"v":-2}': 1})}
+    # CDC v2: the shipped example's state at its frontier (time 5; the update at 5 waits).
+    example = Path(__file__).resolve().parent.parent / "conf" / "examples" / "cdcv2"
+    cdc = {**seed, "source": {"format": "cdcv2", "path": str(example)}}
+    cdc_exp = oracle.expected(parse_config({**_base(), "bindings": [cdc]}, "t").bindings[0], 3)
+    assert cdc_exp.verified and cdc_exp.rows
+    # A mode without an oracle is "not verified", never a pass.
+    cdc_upd = {**cdc, "mode": "delta_updates"}
+    assert not oracle.expected(parse_config({**_base(), "bindings": [cdc_upd]}, "t").bindings[0], 3).verified
+
+    # The comparison names lost, duplicated and wrong rows by key.
+    rows = [{"id": 1, "v": 3.0, "extra": None}, {"id": 1, "v": 3}, {"id": 2, "v": 2}]
+    cmp = oracle.compare(std, rows, ["id"])
+    assert cmp.counts == {"lost": 1, "duplicated": 1, "wrong": 1}
+    assert [d["key"] for d in cmp.lost] == [[3]] and [d["key"] for d in cmp.wrong] == [[2]]
+
+
+def test_scratch_config_never_points_at_the_real_pipeline(tmp_path: Path) -> None:
+    cfg_path = pipeline(tmp_path)
+    from materializer.config import load_config
+
+    cfg = load_config(cfg_path)
+    data = scratch_config(cfg, tmp_path / "scratch", max_documents=3)
+    for value in [data["recovery_log"], data["staging"]] + [b["table"] for b in data["bindings"]]:
+        assert value.startswith(str(tmp_path / "scratch"))
+    assert [b["source"]["path"] for b in data["bindings"]] == [b.source.path for b in cfg.bindings]
+    assert data["transaction"]["max_documents"] == 3
+    # mid-load needs a binding that loads; both bindings here are lastWriteWins.
+    assert set(unreachable_points(cfg)) == {"mid-load"}
+
+
+def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None:
+    cfg_path = pipeline(tmp_path)
+    plans = [Drill(DrillOptions(config=cfg_path, workdir=tmp_path / f"w{i}", kills=5, seed=3)).plans() for i in range(2)]
+    assert plans[0] == plans[1]
+    assert [p.point for p in plans[0] if p.kind == "point"] == [p for p in crash.POINTS if p != "mid-load"]
+    assert sum(p.kind == "random" for p in plans[0]) == 5
+
+
+def test_workdir_must_be_empty(tmp_path: Path) -> None:
+    cfg_path = pipeline(tmp_path)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    result = run_cli("drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "busy"), timeout=60)
+    assert result.returncode == 2 and "not empty" in result.stderr
+
+
+# --- the drills (real subprocesses, real kills) ------------------------------------------------
+
+
+def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) -> tuple[Any, dict[str, Any]]:
+    """Run ``materializer drill``; on timeout SIGTERM it, so it kills its own runs and JVMs first."""
+    report = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "cli.main", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
+            "--report", str(report), *args]
+    env = {k: v for k, v in os.environ.items() if k != crash.ENV}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"drill did not finish in {timeout:.0f}s:\n{stdout}\n{stderr[-3000:]}")
+    result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    assert report.exists(), result.stdout + result.stderr
+    return result, json.loads(report.read_text())
+
+
+def _assert_clean(data: dict[str, Any]) -> None:
+    assert data["rows"] == {"lost": 0, "duplicated": 0, "wrong": 0}
+    for rnd in data["rounds"]:
+        assert rnd["problems"] == [] and rnd["orphans"] == []
+        for table in rnd["tables"]:
+            assert table["verified"] and table["epochs_applied_twice"] == [] and table["epochs_missing"] == []
+            assert table["recorded_epoch"] == table["expected_epoch"] == rnd["last_epoch"]
+
+
+@pytest.mark.crash
+def test_short_drill_every_point_and_random_kills(tmp_path: Path) -> None:
+    """CI's drill: one kill at every failure point (mid-load included), chained, then 2 random kills.
+
+    11 runs of the CLI (8 points, 2 random kills, the drain): about 4 minutes on 2 idle cores.
+    """
+    cfg_path = pipeline(tmp_path, loads=True)
+    result, data = _drill(tmp_path, cfg_path, "--kills", "2", "--seed", "11")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["verdict"] == "pass"
+    _assert_clean(data)
+    assert all(data["kills"].get(p) == 1 for p in crash.POINTS), data["kills"]
+    assert sum(n for k, n in data["kills"].items() if k.startswith("random")) == 2
+    assert data["unreachable"] == {}
+    assert "verdict" in result.stdout and "pass" in result.stdout
+    # The drill worked on a copy: the configuration's own log, staging and tables were not created.
+    assert not (tmp_path / "prod" / "log").exists() and not (tmp_path / "prod" / "tables").exists()
+
+
+@pytest.mark.crash
+def test_zombie_is_fenced_and_tables_stay_right(tmp_path: Path) -> None:
+    cfg_path = pipeline(tmp_path, files=2)
+    result, data = _drill(tmp_path, cfg_path, "--scenario", "zombie", "--seed", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    zombie = [r for r in data["runs"] if r["kind"] == "zombie"]
+    assert len(zombie) == 1 and zombie[0]["exit_code"] == 4 and zombie[0]["outcome"] == "fenced"
+    assert "fenced" in zombie[0]["error"]
+    _assert_clean(data)
+
+
+@pytest.mark.crash
+def test_damage_is_never_skipped_and_recover_repairs_it(tmp_path: Path) -> None:
+    """A torn log entry and a truncated staged file: the run stops (exit 5 / 6), recover repairs."""
+    cfg_path = pipeline(tmp_path, files=3)
+    result, data = _drill(tmp_path, cfg_path, "--scenario", "damage", "--damage", "torn-log", "--damage", "truncated-staged")
+    assert result.returncode == 0, result.stdout + result.stderr
+    failed = [r for r in data["runs"] if r["plan"].startswith("after ")]
+    assert [r["exit_code"] for r in failed] == [5, 6]
+    assert [r["outcome"] for r in data["runs"] if r["kind"] == "recover"] == ["finished", "finished"]
+    _assert_clean(data)
+
+
+@pytest.mark.drill
+def test_damage_all_kinds(tmp_path: Path) -> None:
+    cfg_path = pipeline(tmp_path, files=4)
+    result, data = _drill(tmp_path, cfg_path, "--scenario", "damage")
+    assert result.returncode == 0, result.stdout + result.stderr
+    failed = [r for r in data["runs"] if r["plan"].startswith("after ")]
+    assert [r["exit_code"] for r in failed] == [5, 5, 6, 6]
+    _assert_clean(data)
+
+
+@pytest.mark.drill
+def test_long_drill_random_kills(tmp_path: Path) -> None:
+    """``pytest -m drill``: 30 random kills over rounds of a bigger collection, on another seed."""
+    cfg_path = pipeline(tmp_path, files=10, per_file=20, keys=40, seed=99, max_documents=8)
+    result, data = _drill(tmp_path, cfg_path, "--kills", "30", "--seed", "2024", "--points", "none", timeout=4 * 3600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["kills_total"] >= 30
+    _assert_clean(data)
+
+
+def test_a_zombie_whose_apply_fails_is_told_it_is_fenced(tmp_path: Path) -> None:
+    """The zombie drill's finding: a paused run whose staged files the newer run applied and
+    deleted must stop as fenced (exit 4), not with Spark's file-not-found."""
+    from materializer.errors import FencedError
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    store = open_store(str(tmp_path / "log"))
+    zombie, newer = RecoveryLog(store, "p", writer="zombie"), RecoveryLog(store, "p", writer="newer")
+    zombie.open()
+    zombie.check_not_fenced(1, cause=FileNotFoundError("part-0.parquet"))  # not fenced: returns
+    newer.open()
+    with pytest.raises(FencedError, match="opened by writer newer .* applying epoch 1.*part-0.parquet"):
+        zombie.check_not_fenced(1, cause=FileNotFoundError("part-0.parquet"))
