@@ -91,10 +91,7 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str) -> TableSta
         return TableState(False, None, None)
     dt = delta_table(spark, table)
     try:
-        log = dt._jdt.deltaLog()
-        snapshot = log.update(
-            getattr(log, "update$default$1")(), getattr(log, "update$default$2")(), getattr(log, "update$default$3")()
-        )
+        snapshot = _latest_snapshot(dt)
         txns = snapshot.transactions()
         found = txns.get(app_id)
         txn = int(found.get()) if found.isDefined() else None
@@ -103,17 +100,20 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str) -> TableSta
         return _state_from_history(dt, app_id)
 
 
+def _latest_snapshot(dt: "DeltaTable") -> Any:
+    """The JVM snapshot of the table's latest version (DeltaLog.update with its default arguments)."""
+    log = dt._jdt.deltaLog()
+    defaults = [getattr(log, f"update$default${n}")() for n in (1, 2, 3)]
+    return log.update(*defaults)
+
+
 def table_version(spark: "SparkSession", table: TableRef) -> int | None:
     """The table's latest version, from the Delta log's listing only (no state reconstruction)."""
     if not exists(spark, table):
         return None
     dt = delta_table(spark, table)
     try:
-        log = dt._jdt.deltaLog()
-        snapshot = log.update(
-            getattr(log, "update$default$1")(), getattr(log, "update$default$2")(), getattr(log, "update$default$3")()
-        )
-        return int(snapshot.version())
+        return int(_latest_snapshot(dt).version())
     except Exception:  # noqa: BLE001 - JVM internals absent: ask the history for its last entry
         return int(dt.history(1).select("version").collect()[0]["version"])
 
