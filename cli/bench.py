@@ -33,6 +33,10 @@ def bench(
     conf: Optional[List[str]] = typer.Option(None, "--conf", help="Extra Spark setting KEY=VALUE; repeatable."),
     seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
     keep_data: bool = typer.Option(False, "--keep-data", help="Keep generated inputs and tables."),
+    infer_schema: bool = typer.Option(
+        False, "--infer-schema", help="Ours infers each epoch's types instead of using the declared source.schema."
+    ),
+    pipelined: bool = typer.Option(True, "--pipelined/--serial", help="Ours applies epoch N while reading N+1."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
@@ -54,6 +58,8 @@ def bench(
         shuffle_partitions=shuffle_partitions,
         seed=seed,
         keep_data=keep_data,
+        declared_schema=not infer_schema,
+        pipelined=pipelined,
         spark_conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
     )
     if table_rows:

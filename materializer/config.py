@@ -33,6 +33,23 @@ class SourceConfig(Model):
     """``documents``: JSON Lines documents; ``cdcv2``: Materialize CDC v2 statements."""
     path: str
     """Folder (or S3 prefix) holding the source's files."""
+    schema_: str | None = Field(default=None, alias="schema")
+    """documents only: the documents' fields as Spark DDL (``id BIGINT, name STRING, at TIMESTAMP``).
+    Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
+    table gets exactly these types, and a document with an undeclared field or a value of another
+    JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
+
+    @property
+    def schema_ddl(self) -> str | None:
+        return self.schema_
+
+    @model_validator(mode="after")
+    def _schema_only_for_documents(self) -> "SourceConfig":
+        if self.schema_ is not None and self.format != "documents":
+            raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
+        if self.schema_ is not None and not self.schema_.strip():
+            raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
+        return self
 
 
 class BindingConfig(Model):
@@ -86,6 +103,9 @@ class TransactionConfig(Model):
     """Largest number of source documents (or CDC updates) one binding contributes to an epoch."""
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     """With ``--follow``: how long to wait before looking for new input again."""
+    pipelined: bool = True
+    """Apply epoch N in the background while epoch N+1 is read and combined (seed 000's
+    pipelining). ``false`` applies first, then reads: slower, one thing at a time."""
 
 
 class SparkConfig(Model):

@@ -258,7 +258,7 @@ def _absolute(path: str) -> str:
 
 def scratch_config(config: PipelineConfig, root: Path, max_documents: int | None = None) -> dict[str, Any]:
     """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
-    data = config.model_dump(mode="json")
+    data = config.model_dump(mode="json", by_alias=True)
     data["recovery_log"] = str(root / "log")
     data["staging"] = str(root / "staging")
     for binding in data["bindings"]:

@@ -11,6 +11,13 @@ and byte size. Acknowledge applies them in binding order:
 Every commit carries ``txnAppId`` = pipeline id and ``txnVersion`` = epoch, so Delta itself skips a
 replay; we check the table's recorded txn version first, so a replay costs a Delta log read and
 no data scan.
+
+Acknowledge may run on a background thread while the runtime reads the next transaction (seed
+000's pipelining). It therefore works in a SparkSession of its own (``spark.newSession()``: same
+SparkContext, separate SQL conf), because Delta's ``txnAppId``/``txnVersion``/``userMetadata`` are
+session confs: no other Spark work can commit under the epoch's txn id while the MERGE runs.
+Meanwhile the runtime may :meth:`DeltaDriver.prestage` the next epoch's rows of bindings that
+need no loads; nothing is read from a table before Acknowledged.
 """
 
 from __future__ import annotations
@@ -58,6 +65,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGED = "staged"
+MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+"""Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
+source changes between the MERGE's two passes. A staged file never changes (it is written once
+under a unique name and deleted only after the apply), so the copy is pure cost: 'none'."""
 SCRATCH = ("spool", "_tmp")
 CONCURRENT_RETRIES = 3
 
@@ -76,8 +87,13 @@ class DeltaDriver(Driver):
         self.staging = staging
         self.collector = collector or Collector()
         self._stored: dict[str, DataFrame] = {}
+        self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
         self._acknowledged: int | None = None
+        try:
+            self.apply_spark = spark.newSession()
+        except Exception:  # noqa: BLE001 - a session that cannot fork (Spark Connect): share it
+            self.apply_spark = spark
 
     # --- Open ---
 
@@ -124,7 +140,7 @@ class DeltaDriver(Driver):
         table = TableRef(binding.table)
         app_id = self.config.pipeline_id
         for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.spark, table, app_id)
+            state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
                 return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
@@ -134,7 +150,7 @@ class DeltaDriver(Driver):
             source = self._read_staged(binding, epoch, staged)
             try:
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
-                    "mid-apply", epoch, self.spark.sparkContext, self._job_group
+                    "mid-apply", epoch, self.spark.sparkContext, self._apply_group
                 ):
                     metrics = self._commit(binding, table, epoch, source, state.exists)
             except Exception as exc:  # noqa: BLE001
@@ -146,7 +162,7 @@ class DeltaDriver(Driver):
                 # Another writer (a zombie about to be fenced) committed meanwhile: look again.
                 continue
             # Only the version, for the report: the txn map would rebuild the snapshot's state.
-            after_version = table_version(self.spark, table)
+            after_version = table_version(self.apply_spark, table)
             status = "applied" if metrics is not None else "skipped"
             return ApplyResult(
                 binding=binding.name,
@@ -175,26 +191,38 @@ class DeltaDriver(Driver):
                 "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
                 "from the source (README: 'Recovering from damage')."
             )
-        return self.spark.read.parquet(self.staging.spark_path(staged.uri))
+        return self.apply_spark.read.parquet(self.staging.spark_path(staged.uri))
 
     @property
-    def _job_group(self) -> str:
-        return f"materializer-{self.config.pipeline_id}"
+    def _apply_group(self) -> str:
+        return f"materializer-{self.config.pipeline_id}-apply"
+
+    @property
+    def _load_group(self) -> str:
+        return f"materializer-{self.config.pipeline_id}-load"
 
     @contextmanager
     def _txn(self, binding: BindingConfig, epoch: int) -> Iterator[None]:
-        # The txn confs are session-wide: set them around this one commit only.
-        conf = self.spark.conf
+        # The txn confs are session-wide: set them on the apply session, around this one commit only.
+        conf = self.apply_spark.conf
         conf.set(TXN_APP_ID, self.config.pipeline_id)
         conf.set(TXN_VERSION, str(epoch))
         conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
-        self.spark.sparkContext.setJobGroup(self._job_group, f"apply epoch {epoch} to {binding.table}")
+        materialize = conf.get(MATERIALIZE_SOURCE, None)
+        conf.set(MATERIALIZE_SOURCE, "none")
+        context = self.spark.sparkContext
+        context.setJobGroup(self._apply_group, f"apply epoch {epoch} to {binding.table}")
         try:
             yield
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
                 conf.unset(key)
-            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            if materialize is None:
+                conf.unset(MATERIALIZE_SOURCE)
+            else:
+                conf.set(MATERIALIZE_SOURCE, materialize)
+            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
     def _commit(
         self, binding: BindingConfig, table: TableRef, epoch: int, source: "DataFrame | None", table_exists: bool
@@ -207,13 +235,13 @@ class DeltaDriver(Driver):
             # Appends: delta-updates rows; the first rows of a new table; or no rows at all, which
             # still records the epoch on the table (an empty commit carrying the txn id).
             if source is None:
-                rows = self.spark.createDataFrame([], delta_table(self.spark, table).toDF().schema)
+                rows = self.apply_spark.createDataFrame([], delta_table(self.apply_spark, table).toDF().schema)
             elif binding.mode == "delta_updates":
                 rows = source
             else:
                 rows = source.filter(F.col(OP) != "d").drop(OP)
             if table_exists:
-                rows = _align(rows, delta_table(self.spark, table).toDF().schema, keep_extra=True)
+                rows = _align(rows, delta_table(self.apply_spark, table).toDF().schema, keep_extra=True)
             writer = (
                 rows.write.format("delta")
                 .mode("append")
@@ -222,12 +250,12 @@ class DeltaDriver(Driver):
                 .option("userMetadata", meta)
                 .option("mergeSchema", "true")
             )
-            before = table_version(self.spark, table) if table_exists else None
+            before = table_version(self.apply_spark, table) if table_exists else None
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            after = table_version(self.spark, table)
+            after = table_version(self.apply_spark, table)
             return {"appended": 1} if after != before else None
 
-        target = delta_table(self.spark, table)
+        target = delta_table(self.apply_spark, table)
         target_schema = target.toDF().schema
         aligned = _align(source, target_schema, keep_extra=True)
         columns = [c for c in aligned.columns if c != OP]
@@ -288,10 +316,15 @@ class DeltaDriver(Driver):
             current = delta_table(self.spark, table).toDF()
             rows = current.join(keys.select(*binding.key).distinct(), on=binding.key, how="left_semi")
             epoch = (self._acknowledged or 0) + 1
-            self.spark.sparkContext.setJobGroup(self._job_group, f"load epoch {epoch} keys of {binding.name}")
-            with crash.crash_during_spark_job("mid-load", epoch, self.spark.sparkContext, self._job_group):
-                # Evaluated now, read-committed: the previous epoch is applied; kept on the executors.
-                rows = rows.localCheckpoint(eager=True)
+            context = self.spark.sparkContext
+            context.setJobGroup(self._load_group, f"load epoch {epoch} keys of {binding.name}")
+            try:
+                with crash.crash_during_spark_job("mid-load", epoch, context, self._load_group):
+                    # Evaluated now, read-committed: the previous epoch is applied; kept on the executors.
+                    rows = rows.localCheckpoint(eager=True)
+            finally:
+                context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+                context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
             loaded.append(Loaded(binding=binding.name, rows=rows))
         self._loads = []
         return Flushed(loaded=loaded)
@@ -301,33 +334,69 @@ class DeltaDriver(Driver):
     def store(self, message: Store) -> None:
         self._stored[message.binding] = dataframe(message.documents)
 
-    def start_commit(self, message: StartCommit) -> StartedCommit:
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
+    def prestage(self, message: Store, epoch: int) -> None:
+        """Stage a binding's rows before Acknowledged, while the previous epoch is applied.
 
+        Only for rows that do not depend on the table (a binding with no loads: its rows are the
+        epoch's documents combined per key), so this is the runtime's combiner spilling early, not
+        a read: the Store of the same DataFrame after Flushed adopts the staged file instead of
+        writing it again. A prestaged file no committed entry references is an orphan like any
+        other (deleted at the next Open, or by :meth:`discard_prestaged`).
+        """
+        rows = dataframe(message.documents)
+        self._prestaged[message.binding] = (rows, self._stage(message.binding, epoch, rows))
+
+    def discard_prestaged(self) -> None:
+        """Delete staged files of a transaction that will not be committed (best effort)."""
+        prestaged, self._prestaged = self._prestaged, {}
+        for _rows, staged in prestaged.values():
+            if staged is not None:
+                self.staging.delete_prefix(staged.uri)
+
+    def start_commit(self, message: StartCommit) -> StartedCommit:
         epoch = message.epoch
         staged: dict[str, StagedFile | None] = {}
-        for binding in self.config.bindings:
-            df = self._stored.pop(binding.name, None)
-            if df is None:
-                staged[binding.name] = None
-                continue
-            self._check_types(binding, df)
-            path = f"{STAGED}/epoch-{epoch:012d}/{binding.name}-{uuid.uuid4().hex[:12]}"
-            observation = Observation(f"staged_{binding.name}_{epoch}")
-            df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
-                self.staging.spark_path(path)
-            )
-            rows = int(observation.get["rows"])
-            data = [f for f in self.staging.list(path) if is_data_file(f.path)]
-            if rows == 0:
-                self.staging.delete_prefix(path)
-                staged[binding.name] = None
-                continue
-            staged[binding.name] = StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+        try:
+            for binding in self.config.bindings:
+                df = self._stored.pop(binding.name, None)
+                early = self._prestaged.pop(binding.name, None)
+                if early is not None and early[0] is not df:
+                    # Stored rows other than the prestaged ones: the early file is not this epoch's.
+                    if early[1] is not None:
+                        self.staging.delete_prefix(early[1].uri)
+                    early = None
+                if df is None:
+                    staged[binding.name] = None
+                    continue
+                # After Acknowledged: the table's schema includes the previous epoch's changes.
+                self._check_types(binding, df)
+                staged[binding.name] = early[1] if early is not None else self._stage(binding.name, epoch, df)
+        except BaseException:
+            self.discard_prestaged()
+            for file in staged.values():
+                if file is not None:
+                    self.staging.delete_prefix(file.uri)
+            raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
         return StartedCommit(driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind))
+
+    def _stage(self, binding: str, epoch: int, df: "DataFrame") -> StagedFile | None:
+        """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
+        observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
+        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
+            self.staging.spark_path(path)
+        )
+        rows = int(observation.get["rows"])
+        data = [f for f in self.staging.list(path) if is_data_file(f.path)]
+        if rows == 0:
+            self.staging.delete_prefix(path)
+            return None
+        return StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
 
 
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")

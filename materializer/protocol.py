@@ -3,7 +3,8 @@
 Runtime messages are imperative (``Acknowledge``), driver responses past tense (``Acknowledged``).
 One transaction runs::
 
-    Acknowledge -> Acknowledged       epoch N (durable in the recovery log) is applied to the store
+    Acknowledge -> Acknowledged       epoch N (durable in the recovery log) is applied to the store;
+                                      the runtime reads epoch N+1 meanwhile (pipelining)
     Load* -> Flush -> Loaded* Flushed current rows for epoch N+1's keys (read-committed: after N)
     Store*                            the reduced documents of epoch N+1, as DataFrames
     StartCommit -> StartedCommit      the driver stages them durably; its checkpoint goes to the log
@@ -158,6 +159,17 @@ class Driver(ABC):
     @abstractmethod
     def start_commit(self, message: StartCommit) -> StartedCommit:
         """Stage the stored rows durably; return the checkpoint that references them."""
+
+    def prestage(self, message: Store, epoch: int) -> None:  # noqa: B027 - optional
+        """Optionally start staging rows that do not depend on the table, before Acknowledged.
+
+        The runtime calls it while the previous epoch is being acknowledged, for bindings with no
+        loads, and later sends a Store of the same rows; a driver that ignores it stages at
+        StartCommit as usual.
+        """
+
+    def discard_prestaged(self) -> None:  # noqa: B027 - optional
+        """Drop what :meth:`prestage` staged for a transaction that will not be committed."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; nothing durable depends on it (a crash skips it)."""

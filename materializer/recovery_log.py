@@ -209,7 +209,7 @@ class RecoveryLog:
         self.compact(seq)
         return entry
 
-    def check_not_fenced(self, epoch: int, *, cause: BaseException | None = None) -> None:
+    def check_not_fenced(self, epoch: int, *, cause: BaseException | None = None, doing: str | None = None) -> None:
         """Raise FencedError if a newer writer has published an entry since this writer's last one."""
         if self._next_seq is None:
             return
@@ -226,8 +226,9 @@ class RecoveryLog:
         detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
         raise FencedError(
             f"pipeline {self.pipeline_id!r} was opened by {holder} (log sequence {newer[0]}) while this run "
-            f"(writer {self.writer}) was applying epoch {epoch}, so this run is fenced and stops; the newer run "
-            f"applies epoch {epoch} itself and nothing more is applied here. The apply here failed with: {detail}"
+            f"(writer {self.writer}) was {doing or f'applying epoch {epoch}'}, so this run is fenced and stops; the "
+            f"newer run applies epoch {epoch} itself and nothing more is applied here. The "
+            f"{'work' if doing else 'apply'} here failed with: {detail}"
         ) from cause
 
     def _fenced(self, seq: int, epoch: int) -> FencedError:

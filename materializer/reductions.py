@@ -75,6 +75,11 @@ def reduced_fields(binding: BindingConfig) -> dict[str, str]:
     return {f: s for f, s in binding.reductions.items() if s != LAST_WRITE_WINS}
 
 
+def independent_of_table(binding: BindingConfig) -> bool:
+    """The epoch's rows come from its documents alone (all lastWriteWins): no load, no table schema."""
+    return not reduced_fields(binding)
+
+
 def check_supported(binding: BindingConfig) -> None:
     """Every strategy of the configuration is built; reject only fields we cannot reduce."""
     for field in binding.reductions:

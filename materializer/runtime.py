@@ -5,19 +5,30 @@
     Open        read the log's last commit (epoch N); publish a fencing entry
     Opened      the driver deletes orphaned staged files
     loop:
-      Acknowledge N -> Acknowledged   apply epoch N (on the first loop: the re-apply after Open)
-      read the sources' next batch; if none: stop (or wait, with --follow)
+      Acknowledge N                   apply epoch N, on a background thread (on the first loop:
+                                      the re-apply after Open)
+      meanwhile: read the sources' next batch; combine and prestage the rows of bindings that
+                 need no loads (they do not depend on the table)
+      Acknowledged                    wait for the apply; if there was no batch: stop (or wait,
+                                      with --follow)
       Load* / Flush -> Flushed        current rows of the batch's keys (standard mode, reductions)
       Store*                          the reduced rows of epoch N+1
       StartCommit -> StartedCommit    the driver stages them durably
       commit entry N+1 = {runtime checkpoint, driver checkpoint} to the recovery log
+
+This is seed 000's pipelining: the driver applies epoch N in the background while the runtime
+reads and combines N+1; Flush (so every load) and the log commit of N+1 wait for Acknowledged,
+which keeps loads read-committed and the log one epoch ahead of the tables at most. With
+``transaction.pipelined: false`` the apply runs in the foreground, before the next read.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash, reductions
 from materializer.config import PipelineConfig
@@ -40,7 +51,7 @@ from materializer.sources import SourceBatch, open_source
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 @dataclass
@@ -62,6 +73,19 @@ class RunSummary:
     orphans_deleted: int = 0
     epochs: list[EpochSummary] = field(default_factory=list)
     seconds: float = 0.0
+
+
+@contextmanager
+def _explained(batches: dict[str, SourceBatch]) -> Iterator[None]:
+    """Let each batch's source name the file and line behind a Spark failure on its input."""
+    try:
+        yield
+    except Exception as exc:
+        for batch in batches.values():
+            explained = batch.explain(exc) if batch.explain is not None else None
+            if explained is not None:
+                raise explained from exc
+        raise
 
 
 class Runtime:
@@ -93,62 +117,95 @@ class Runtime:
             opened.runtime_checkpoint or (last.runtime_checkpoint if last and last.runtime_checkpoint else {})
         )
 
-        first = True
         pending: DriverCheckpoint | None = driver_checkpoint
         current: EpochSummary | None = None
+        applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
+        acking: Future[Acknowledged] | None = None
+
+        def acknowledge(epoch: int, checkpoint: DriverCheckpoint) -> Acknowledged:
+            try:
+                return self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
+            except Exception as exc:
+                # A zombie (paused, then resumed) finds its staged files deleted by the newer
+                # writer that applied them: say it is fenced, not what Spark saw.
+                self.log.check_not_fenced(epoch, cause=exc)
+                raise
+
+        def acknowledged() -> None:
+            """Wait for the running Acknowledge; its error, if any, is raised here."""
+            nonlocal acking
+            if acking is None:
+                return
+            future, acking = acking, None
+            result = future.result()
+            if summary.reapplied is None and current is None:
+                summary.reapplied = result
+            elif current is not None:
+                current.acknowledged = result
+            self.collector.event("acknowledged", epoch=result.epoch, first=current is None)
+
         try:
             while True:
-                # --- Acknowledge / Acknowledged ---
+                # --- Acknowledge (in the background unless pipelining is off) ---
                 if pending is not None:
-                    try:
-                        acknowledged = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=pending))
-                    except Exception as exc:
-                        # A zombie (paused, then resumed) finds its staged files deleted by the
-                        # newer writer that applied them: say it is fenced, not what Spark saw.
-                        self.log.check_not_fenced(epoch, cause=exc)
-                        raise
-                    if first:
-                        summary.reapplied = acknowledged
-                    elif current is not None:
-                        current.acknowledged = acknowledged
-                    self.collector.event("acknowledged", epoch=epoch, first=first)
-                first = False
-                pending = None
-                if max_epochs is not None and len(summary.epochs) >= max_epochs:
-                    break
-                if should_stop is not None and should_stop():
+                    acking = applier.submit(acknowledge, epoch, pending)
+                    pending = None
+                    if not self.config.transaction.pipelined:
+                        acknowledged()
+                if (max_epochs is not None and len(summary.epochs) >= max_epochs) or (
+                    should_stop is not None and should_stop()
+                ):
+                    acknowledged()
                     break
 
-                # --- read the next transaction ---
+                # --- read the next transaction, while epoch N is applied ---
                 next_epoch = epoch + 1
-                batches = self._read(next_epoch, runtime_checkpoint)
+                batches: dict[str, SourceBatch] = {}
+                try:
+                    batches = self._read(next_epoch, runtime_checkpoint)
+                    with _explained(batches):
+                        prestaged = self._prestage(next_epoch, batches)
+                except BaseException:
+                    self.driver.discard_prestaged()
+                    # Epoch N is committed: finish applying it before reporting the read's error.
+                    acknowledged()
+                    raise
+                # --- Acknowledged ---
+                try:
+                    acknowledged()
+                except BaseException:
+                    self.driver.discard_prestaged()
+                    raise
                 if not batches:
                     if not follow:
                         break
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
 
-                # --- Load / Flush / Loaded / Flushed ---
-                for name, batch in batches.items():
-                    binding = self.config.binding(name)
-                    if binding.needs_loads:
-                        self.driver.load(Load(binding=name, keys=batch.documents.select(*binding.key)))
-                flushed = self.driver.flush(Flush())
-                loaded = {item.binding: item.rows for item in flushed.loaded}
-
-                # --- Store ---
-                for name, batch in batches.items():
-                    binding = self.config.binding(name)
-                    rows = reductions.reduce(batch.documents, loaded.get(name), binding)
-                    self.driver.store(Store(binding=name, documents=rows))
-
-                # --- StartCommit / StartedCommit ---
                 new_checkpoint = dict(runtime_checkpoint)
                 for name, batch in batches.items():
                     new_checkpoint[name] = batch.checkpoint
-                started_commit = self.driver.start_commit(
-                    StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
-                )
+                with _explained(batches):
+                    # --- Load / Flush / Loaded / Flushed ---
+                    for name, batch in batches.items():
+                        binding = self.config.binding(name)
+                        if binding.needs_loads:
+                            self.driver.load(Load(binding=name, keys=batch.documents.select(*binding.key)))
+                    flushed = self.driver.flush(Flush())
+                    loaded = {item.binding: item.rows for item in flushed.loaded}
+
+                    # --- Store ---
+                    for name, batch in batches.items():
+                        binding = self.config.binding(name)
+                        rows = prestaged.get(name)
+                        if rows is None:
+                            rows = reductions.reduce(batch.documents, loaded.get(name), binding)
+                        self.driver.store(Store(binding=name, documents=rows))
+
+                    # --- StartCommit / StartedCommit ---
+                    started_commit = self.driver.start_commit(
+                        StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
+                    )
                 self.staging.delete_prefix(f"spool/epoch-{next_epoch:012d}")
                 crash.crash_point("after-started-commit", next_epoch)
 
@@ -176,7 +233,24 @@ class Runtime:
                 )
                 summary.epochs.append(current)
                 self.collector.event("committed", epoch=epoch, documents=sum(current.documents.values()))
+        except FencedError:
+            raise
+        except Exception as exc:
+            # A zombie (paused while reading epoch N+1, resumed after a newer run's Open deleted
+            # its spool) fails on vanished files: say it is fenced, not what Spark saw.
+            if acking is None:
+                self.log.check_not_fenced(epoch, cause=exc, doing=f"reading epoch {epoch + 1}")
+            raise
         finally:
+            if acking is not None:
+                # Leaving on an error: let the running apply finish (a committed epoch), quietly.
+                try:
+                    acking.result()
+                except BaseException:  # noqa: BLE001 - the error already being raised wins
+                    pass
+            applier.shutdown(wait=True)
+            # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
+            self.driver.discard_prestaged()
             self.driver.close()
         summary.last_epoch = epoch
         summary.seconds = time.monotonic() - started
@@ -195,6 +269,19 @@ class Runtime:
                 batches[binding.name] = batch
                 self.collector.event("read", epoch=epoch, binding=binding.name, documents=batch.count, extent=batch.description)
         return batches
+
+    def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
+        """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""
+        if not self.config.transaction.pipelined:
+            return {}
+        prestaged = {}
+        for name, batch in batches.items():
+            binding = self.config.binding(name)
+            if reductions.independent_of_table(binding):
+                rows = reductions.reduce(batch.documents, None, binding)
+                self.driver.prestage(Store(binding=name, documents=rows), epoch)
+                prestaged[name] = rows
+        return prestaged
 
     def _check_tables(self, last_epoch: int) -> None:
         """A table recording a later epoch than the log means the log was lost or swapped."""

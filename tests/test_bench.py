@@ -53,6 +53,25 @@ def test_epoch_phases_split_each_epoch_at_the_runtime_events() -> None:
     ]
 
 
+def test_epoch_phases_of_a_pipelined_run_overlap_the_read_with_the_apply() -> None:
+    # Epoch 2 is read (3.0 -> 4.0) while epoch 1 is applied (3.0 -> 7.0); its total is what it
+    # adds to the run: from epoch 1's Acknowledged to its own.
+    events = [
+        (0.0, "opened", {}),
+        (1.0, "read", {"epoch": 1, "documents": 5}),
+        (3.0, "committed", {"epoch": 1}),
+        (4.0, "read", {"epoch": 2, "documents": 5}),
+        (7.0, "acknowledged", {"epoch": 1, "first": False}),
+        (8.0, "committed", {"epoch": 2}),
+        (9.0, "acknowledged", {"epoch": 2, "first": False}),
+    ]
+    phases = epoch_phases(events)
+    assert [(p["epoch"], p["read"], p["stage"], p["apply"], p["total"]) for p in phases] == [
+        (1, 1.0, 2.0, 4.0, 7.0),
+        (2, 1.0, 4.0, 1.0, 2.0),
+    ]
+
+
 def test_ratios_must_add_to_one() -> None:
     with pytest.raises(ValueError):
         BenchOptions(insert_ratio=0.5, update_ratio=0.5, delete_ratio=0.5)

@@ -58,7 +58,7 @@ def test_checkpoint_resumes_at_line_and_offset(tmp_path: Path, monkeypatch: pyte
     write(tmp_path / "src" / "a.jsonl", [json.dumps({"id": i}) for i in range(5)])
     write(tmp_path / "src" / "b.jsonl", [json.dumps({"id": i}) for i in range(5, 8)])
     src = source(tmp_path)
-    monkeypatch.setattr("materializer.sources.documents._dataframe", lambda spark, uri: uri)
+    monkeypatch.setattr("materializer.sources.documents._dataframe", lambda spark, uri, schema=None: uri)
     first = src.next_batch(None, None, 4, "spool/1.jsonl")  # type: ignore[arg-type]
     assert first is not None and first.count == 4
     assert first.checkpoint == {"file": "a.jsonl", "line": 4, "offset": len("".join(json.dumps({"id": i}) + "\n" for i in range(4))), "before": 0}
@@ -68,3 +68,59 @@ def test_checkpoint_resumes_at_line_and_offset(tmp_path: Path, monkeypatch: pyte
     spooled = (tmp_path / "staging" / "spool" / "2.jsonl").read_text().splitlines()
     assert [json.loads(line)["d"]["id"] for line in spooled] == [4, 5, 6, 7]
     assert src.next_batch(None, second.checkpoint, 4, "spool/3.jsonl") is None  # type: ignore[arg-type]
+
+
+def declared(tmp_path: Path) -> DocumentsSource:
+    from pyspark.sql import types as T
+
+    src = source(tmp_path)
+    src.use_schema(
+        T.StructType(
+            [
+                T.StructField("id", T.LongType()),
+                T.StructField("amount", T.DoubleType()),
+                T.StructField("note", T.StringType()),
+                T.StructField("tags", T.ArrayType(T.LongType())),
+                T.StructField("address", T.StructType([T.StructField("city", T.StringType())])),
+            ]
+        )
+    )
+    return src
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": 1, "colour": "red"}', "field 'colour' is not in the binding's source.schema"),
+        ('{"id": 1, "amount": "12.5"}', "field 'amount' is a string but source.schema declares a number"),
+        ('{"id": 1, "amount": true}', "field 'amount' is a boolean but source.schema declares a number"),
+        ('{"id": 1, "address": {"city": "Oslo", "zip": "0150"}}', "field 'address.zip' is not in"),
+        ('{"id": 1, "address": "Oslo"}', "field 'address' is a string but source.schema declares an object"),
+        ('{"id": 1, "tags": [1, "two"]}', "field 'tags[]' is a string but source.schema declares a number"),
+        ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
+    ],
+)
+def test_a_declared_schema_refuses_undeclared_fields_and_other_kinds(tmp_path: Path, line: str, message: str) -> None:
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "amount": 2}', line])
+    with pytest.raises(SourceError) as info:
+        declared(tmp_path).next_batch(None, None, 100, "spool/x.jsonl")  # type: ignore[arg-type]
+    assert f"{tmp_path / 'src' / 'a.jsonl'}:2: {message}" in str(info.value)
+    assert not (tmp_path / "staging" / "spool").exists()
+
+
+def test_a_declared_schema_takes_nulls_any_json_as_a_string_and_the_delete_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import materializer.sources.documents as documents
+
+    # Spark is not needed to check the lines: stop before the spool is parsed.
+    monkeypatch.setattr(documents, "_dataframe", lambda spark, uri, schema=None: (uri, schema))
+    write(
+        tmp_path / "src" / "a.jsonl",
+        [
+            '{"id": 1, "amount": 2, "note": {"any": ["json"]}, "tags": [1, 2], "address": {"city": null}}',
+            '{"id": 2, "amount": 2.5, "note": null, "tags": null, "address": null}',
+            '{"id": 1, "_meta": {"op": "d"}}',
+        ],
+    )
+    batch = declared(tmp_path).next_batch(None, None, 100, "spool/x.jsonl")  # type: ignore[arg-type]
+    assert batch is not None and batch.count == 3
+    assert batch.documents[1] is not None  # parsed with the declared schema, not inferred

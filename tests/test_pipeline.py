@@ -13,7 +13,7 @@ from materializer.errors import FencedError, SourceError
 from materializer.progress import ListCollector
 from materializer.runtime import Runtime
 from tests.collections import delta_updates_rows, generate, standard_state
-from tests.helpers import binding, table_rows, write_config
+from tests.helpers import binding, table_rows, write_config, write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -146,3 +146,86 @@ def test_follow_picks_up_files_that_arrive_later(spark: Any, tmp_path: Path) -> 
     summary = Runtime(config, spark).run(follow=True, should_stop=arrive_then_stop)
     assert [e.epoch for e in summary.epochs] == [1, 2]
     assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs + later)
+
+
+def test_a_declared_schema_types_the_table_and_a_value_spark_refuses_names_its_line(spark: Any, tmp_path: Path) -> None:
+    import datetime
+    import decimal
+
+    write_jsonl(tmp_path / "src" / "a.jsonl", [
+        {"id": 1, "price": 12.5, "at": "2024-05-01T10:00:00", "name": "tea"},
+        {"id": 2, "price": 3, "at": None, "name": None},
+    ])
+    schema = "id BIGINT, price DECIMAL(10,2), at TIMESTAMP, name STRING"
+    bindings = [binding("items", tmp_path / "src", tmp_path / "tables" / "items")]
+    bindings[0]["source"]["schema"] = schema
+    config = load_config(write_config(tmp_path, bindings))
+    Runtime(config, spark).run()
+    table = spark.read.format("delta").load(str(tmp_path / "tables" / "items"))
+    assert {f.name: f.dataType.simpleString() for f in table.schema.fields} == {
+        "id": "bigint", "price": "decimal(10,2)", "at": "timestamp", "name": "string"
+    }
+    rows = {r["id"]: r for r in table.collect()}
+    assert rows[1]["price"] == decimal.Decimal("12.50") and rows[1]["at"] == datetime.datetime(2024, 5, 1, 10, 0)
+    assert rows[2]["price"] == decimal.Decimal("3.00") and rows[2]["at"] is None
+
+    # The Python pass cannot judge a timestamp's format; Spark's FAILFAST does, and the error
+    # still names the file and line, before anything of the transaction is committed.
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "price": 1, "at": "2024-05-02 08:00:00"}, {"id": 4, "at": "yesterday"}])
+    with pytest.raises(SourceError) as info:
+        Runtime(config, spark).run()
+    assert f"{tmp_path / 'src' / 'b.jsonl'}:2: a value does not fit source.schema" in str(info.value)
+    assert "yesterday" in str(info.value)
+    assert sorted(r["id"] for r in spark.read.format("delta").load(str(tmp_path / "tables" / "items")).collect()) == [1, 2]
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file() and "staged" in f.parts] == []
+
+
+def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: Any, tmp_path: Path) -> None:
+    import threading
+
+    docs, config = make(tmp_path, seed=5, documents=60, keys=20, files=3, epoch=20)
+    runtime = Runtime(config, spark)
+    read_epochs: list[int] = []
+    second_prestaged = threading.Event()
+    read = runtime.sources["items"].next_batch
+    prestage = runtime.driver.prestage
+
+    def next_batch(spark: Any, checkpoint: Any, max_documents: int, spool_path: str) -> Any:
+        batch = read(spark, checkpoint, max_documents, spool_path)
+        read_epochs.append(int(spool_path.split("epoch-")[1].split("/")[0]))
+        return batch
+
+    def prestage_and_tell(message: Any, epoch: int) -> None:
+        prestage(message, epoch)
+        if epoch == 2:
+            second_prestaged.set()
+
+    acknowledge = runtime.driver.acknowledge
+    overlapped = []
+
+    def slow_acknowledge(message: Any) -> Any:
+        if message.epoch == 1:
+            # Epoch 1's apply cannot finish until epoch 2 has been read: a serial loop would hang here.
+            overlapped.append(second_prestaged.wait(timeout=120))
+            assert any(f.name.startswith("items-") for f in (tmp_path / "staging" / "staged" / "epoch-000000000002").iterdir())
+        return acknowledge(message)
+
+    runtime.sources["items"].next_batch = next_batch  # type: ignore[method-assign]
+    runtime.driver.acknowledge = slow_acknowledge  # type: ignore[method-assign]
+    runtime.driver.prestage = prestage_and_tell  # type: ignore[method-assign]
+    summary = runtime.run()
+    assert overlapped == [True]
+    assert summary.last_epoch == 3 and read_epochs[:3] == [1, 2, 3]
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+
+def test_a_bad_line_in_epoch_n_plus_1_stops_the_run_after_epoch_n_is_applied(spark: Any, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(10)])
+    (tmp_path / "src" / "b.jsonl").write_text('{"id": 20, "v": 1}\n{"id": 21, "v": \n')
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")], max_documents=10))
+    with pytest.raises(SourceError, match="b.jsonl:2: not valid JSON"):
+        Runtime(config, spark).run()
+    # Epoch 1 (a.jsonl) was committed before the bad line was met, and its apply finished.
+    assert sorted(table_rows(spark, tmp_path / "tables" / "items", ["id"])) == [(i,) for i in range(10)]
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from materializer.config import BindingConfig
 from materializer.storage import Store
@@ -33,6 +33,9 @@ class SourceBatch:
     """Number of documents (or updates) in the batch."""
     description: str
     """Human-readable extent, e.g. ``orders-001.jsonl:0-500``."""
+    explain: "Callable[[BaseException], Exception | None] | None" = None
+    """Turns a Spark failure while the batch's rows are computed into an error naming the source
+    file and line (None: not about this batch's input)."""
 
 
 class Source(ABC):
