@@ -122,14 +122,18 @@ class Runtime:
         applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
         acking: Future[Acknowledged] | None = None
 
-        def acknowledge(epoch: int, checkpoint: DriverCheckpoint) -> Acknowledged:
+        def acknowledge(epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
             try:
-                return self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
+                result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
             except Exception as exc:
                 # A zombie (paused, then resumed) finds its staged files deleted by the newer
                 # writer that applied them: say it is fenced, not what Spark saw.
                 self.log.check_not_fenced(epoch, cause=exc)
                 raise
+            # Sent from the applying thread, so its time is when the apply ended, not when the
+            # runtime next looked.
+            self.collector.event("acknowledged", epoch=epoch, first=first)
+            return result
 
         def acknowledged() -> None:
             """Wait for the running Acknowledge; its error, if any, is raised here."""
@@ -138,17 +142,16 @@ class Runtime:
                 return
             future, acking = acking, None
             result = future.result()
-            if summary.reapplied is None and current is None:
+            if current is None:
                 summary.reapplied = result
-            elif current is not None:
+            else:
                 current.acknowledged = result
-            self.collector.event("acknowledged", epoch=result.epoch, first=current is None)
 
         try:
             while True:
                 # --- Acknowledge (in the background unless pipelining is off) ---
                 if pending is not None:
-                    acking = applier.submit(acknowledge, epoch, pending)
+                    acking = applier.submit(acknowledge, epoch, pending, current is None)
                     pending = None
                     if not self.config.transaction.pipelined:
                         acknowledged()
