@@ -229,3 +229,22 @@ def test_a_bad_line_in_epoch_n_plus_1_stops_the_run_after_epoch_n_is_applied(spa
     # Epoch 1 (a.jsonl) was committed before the bad line was met, and its apply finished.
     assert sorted(table_rows(spark, tmp_path / "tables" / "items", ["id"])) == [(i,) for i in range(10)]
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+
+def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_become_null(spark: Any, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "a": 1, "s": {"x": 1}}, {"id": 2, "a": 2, "s": {"x": 2}}])
+    # a new column and a new sub-field, by name (a positional cast would put "deep" into x)
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 1, "a": 10, "b": "new", "s": {"y": "deep", "x": 10}}, {"id": 3, "a": 3}])
+    # nothing new: the documents lack columns and sub-fields, which whole-row replacement makes NULL
+    write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 2, "s": {"y": "only-y"}}, {"id": 3, "a": 4}])
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")], max_documents=2))
+    assert Runtime(config, spark).run().last_epoch == 3
+    table = spark.read.format("delta").load(str(tmp_path / "tables" / "items"))
+    assert [f.name for f in table.schema.fields] == ["a", "id", "s", "b"]  # inferred: sorted; then new ones
+    assert table.schema["s"].dataType.simpleString() == "struct<x:bigint,y:string>"
+    rows = {r["id"]: r.asDict(recursive=True) for r in table.collect()}
+    assert rows == {
+        1: {"a": 10, "id": 1, "s": {"x": 10, "y": "deep"}, "b": "new"},
+        2: {"a": None, "id": 2, "s": {"x": None, "y": "only-y"}, "b": None},
+        3: {"a": 4, "id": 3, "s": None, "b": None},
+    }
