@@ -100,7 +100,10 @@ def _print(report: dict, summary_table) -> None:  # type: ignore[no-untyped-def,
             table.add_column(column, justify="left" if column == "figure" else "right")
         for row in rows:
             table.add_row(*row)
-        Console().print(table)
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)  # a log file: do not fold the columns to 80
+        console.print(table)
     except ImportError:  # plain text when rich is absent
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         typer.echo("  ".join(h.rjust(w) for h, w in zip(header, widths)))
