@@ -163,22 +163,17 @@ class Runtime:
 
                 # --- read the next transaction, while epoch N is applied ---
                 next_epoch = epoch + 1
-                batches: dict[str, SourceBatch] = {}
                 try:
                     batches = self._read(next_epoch, runtime_checkpoint)
                     with _explained(batches):
                         prestaged = self._prestage(next_epoch, batches)
                 except BaseException:
-                    self.driver.discard_prestaged()
-                    # Epoch N is committed: finish applying it before reporting the read's error.
+                    # Epoch N is committed: finish applying it before reporting the read's error
+                    # (an error of the apply, a fence say, is the one raised then).
                     acknowledged()
                     raise
                 # --- Acknowledged ---
-                try:
-                    acknowledged()
-                except BaseException:
-                    self.driver.discard_prestaged()
-                    raise
+                acknowledged()
                 if not batches:
                     if not follow:
                         break
