@@ -124,7 +124,9 @@ def _print_report(result: Any, console: Any) -> None:
     for p in result.problems:
         console.print(f"[red]problem:[/] {p}")
     for point, why in result.unreachable.items():
-        console.print(f"point {point} not reachable with this configuration: {why}")
+        console.print(f"{point}: not reachable with this configuration: {why}")
+    for missed in result.missed:
+        console.print(f"[yellow]kill not landed:[/] {missed}")
     console.print(f"report: {result.report_path}")
 
 

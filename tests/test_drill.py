@@ -142,6 +142,30 @@ def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None
     assert sum(p.kind == "random" for p in plans[0]) == 5
 
 
+def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
+    """Issue #11 item 12: a kill planned after the second commit of a pipeline that only ever
+    commits one epoch is re-aimed at the first, with a delay inside the time the run lasted."""
+    from materializer.drill import Plan, _Phase
+
+    drill = Drill(DrillOptions(config=pipeline(tmp_path), workdir=tmp_path / "w", seed=5))
+    phase = _Phase(bindings=2)
+    phase.saw("opened", 10.0)
+    phase.saw("read", 11.0)
+    phase.saw("committed", 14.0)
+    phase.ended = 16.0
+    fitted = drill.fit(Plan("random", trigger="committed", occurrence=2, delay=0.7), phase)
+    assert fitted == Plan("random", trigger="committed", occurrence=1, delay=0.7)  # a fraction of the apply
+    fitted = drill.fit(Plan("random", trigger="read", occurrence=2, delay=9.0), phase)
+    assert fitted is not None and fitted.occurrence == 1 and 0 <= fitted.delay < 0.8 * (16.0 - 11.0)
+    kept = drill.fit(Plan("random", trigger="read", occurrence=1, delay=1.0), phase)
+    assert kept == Plan("random", trigger="read", occurrence=1, delay=1.0)
+    # An event a fresh run never prints: nothing to aim at (reported as unreachable, not a failure).
+    empty = _Phase(bindings=2)
+    empty.saw("opened", 1.0)
+    empty.ended = 2.0
+    assert drill.fit(Plan("random", trigger="committed", occurrence=1, delay=0.5), empty) is None
+
+
 def test_workdir_must_be_empty(tmp_path: Path) -> None:
     cfg_path = pipeline(tmp_path)
     (tmp_path / "busy").mkdir()
@@ -220,6 +244,22 @@ def test_damage_is_never_skipped_and_recover_repairs_it(tmp_path: Path) -> None:
     assert [r["exit_code"] for r in failed] == [5, 6]
     assert [r["outcome"] for r in data["runs"] if r["kind"] == "recover"] == ["finished", "finished"]
     _assert_clean(data)
+
+
+@pytest.mark.drill
+def test_drill_on_a_one_epoch_pipeline_passes(tmp_path: Path) -> None:
+    """Issue #11 item 12: every document in one epoch. Random kills planned after a second commit
+    or read used to end "never reached, even on a fresh pipeline" and FAIL with 0 rows wrong."""
+    cfg_path = pipeline(tmp_path, files=1, per_file=10, max_documents=1000)
+    # seed 6 plans kills after "committed #2" and "read #2", which a one-epoch pipeline never has
+    plans = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "plan", kills=4, seed=6, points=[])).plans()
+    assert any(p.occurrence == 2 for p in plans), plans
+    result, data = _drill(tmp_path, cfg_path, "--kills", "4", "--seed", "6", "--points", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["verdict"] == "pass" and data["problems"] == []
+    _assert_clean(data)
+    assert data["kills_total"] + len(data["missed"]) + len(data["unreachable"]) == 4
+    assert data["kills_total"] >= 2
 
 
 @pytest.mark.drill
