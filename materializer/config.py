@@ -53,7 +53,10 @@ class SourceConfig(Model):
     def _schema_only_for_documents(self) -> "SourceConfig":
         if self.schema_ is not None and self.format != "documents":
             raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
-        if self.format != "documents" and ("max_files" in self.model_fields_set or "max_bytes" in self.model_fields_set):
+        defaults = SourceConfig.model_fields
+        if self.format != "documents" and (
+            self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
+        ):
             raise ValueError("max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents)")
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
