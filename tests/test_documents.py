@@ -62,6 +62,12 @@ def test_an_epoch_is_whole_files_bounded_by_count_and_bytes_and_at_least_one() -
     assert plan_epoch(listing, plan.checkpoint(), 10, 50, "src").empty
 
 
+def test_a_re_read_for_recover_takes_exactly_the_committed_extent() -> None:
+    listing = files(("a.jsonl", 10), ("b.jsonl", 10), ("c.jsonl", 10))  # c arrived after the epoch
+    plan = plan_epoch(listing, None, 1000, 1000, "src", until="b.jsonl")
+    assert [f.path for f in plan.files] == ["a.jsonl", "b.jsonl"]
+
+
 def test_a_late_file_that_sorts_before_the_checkpoint_is_reported() -> None:
     checkpoint = {"file": "b.jsonl", "before": 0, "sizes": {"b.jsonl": 10}}
     with pytest.raises(SourceError, match="1 file\\(s\\) appeared that sort before 'b.jsonl'"):
@@ -324,8 +330,8 @@ def declared(tmp_path: Path) -> DocumentsSource:
         ('{"id": 1, "address": {"n": "12"}}', "field 'address.n' is a string but source.schema declares a number"),
         ('{"id": 1, "tags": [1, "two"]}', "field 'tags[]' is a string but source.schema declares a number"),
         ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
-        ('{"id": 1, "at": "yesterday"}', "field 'at' does not fit source.schema's TIMESTAMP"),
-        ('{"id": 1, "address": {"n": 3000000000}}', "field 'address.n' does not fit source.schema's INT"),
+        ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\", which is not a valid TIMESTAMP"),
+        ('{"id": 1, "address": {"n": 3000000000}}', "field 'address.n' holds 3000000000, which is not a valid INT"),
     ],
 )
 def test_a_declared_schema_refuses_undeclared_fields_and_other_kinds(spark: Any, tmp_path: Path, line: str, message: str) -> None:

@@ -50,9 +50,14 @@ class Source(ABC):
 
     @abstractmethod
     def next_batch(
-        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
     ) -> SourceBatch | None:
-        """The next batch after ``checkpoint`` (None: nothing new). ``spool_path`` is free for it."""
+        """The next batch after ``checkpoint`` (None: nothing new). ``spool_path`` is free for it.
+
+        ``until`` (recover): the checkpoint a committed epoch ended at, so a re-read takes exactly
+        that epoch's extent even if more input has arrived since; sources whose batches are fixed
+        by ``checkpoint`` alone may ignore it."""
 
 
 def open_source(binding: BindingConfig, spool: Store) -> Source:

@@ -106,9 +106,10 @@ class Plan:
 
 def plan_epoch(
     listing: list[FileInfo], checkpoint: dict[str, Any] | None, max_files: int, max_bytes: int, where: str,
-    legacy: list[FileInfo] | None = None,
+    legacy: list[FileInfo] | None = None, until: str | None = None,
 ) -> Plan:
-    """The next epoch after ``checkpoint`` over ``listing`` (document files, sorted by name).
+    """The next epoch after ``checkpoint`` over ``listing`` (document files, sorted by name);
+    with ``until``, exactly the files up to that name (a committed epoch's extent, re-read).
 
     Raises SourceError for a file that appeared before the checkpoint or a taken file that changed.
     """
@@ -151,7 +152,10 @@ def plan_epoch(
     files: list[FileInfo] = []
     total = resume[0].size - int(checkpoint.get("offset", 0)) if resume else 0
     for info in after:
-        if (files or resume) and (len(files) >= max_files or total + info.size > max_bytes):
+        if until is not None:
+            if info.path > until:
+                break
+        elif (files or resume) and (len(files) >= max_files or total + info.size > max_bytes):
             break
         files.append(info)
         total += info.size
@@ -392,13 +396,18 @@ class DocumentsSource(Source):
         return store, [f for f in files if is_document_file(f.path)], [f for f in files if _legacy_document_file(f.path)]
 
     def next_batch(
-        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
     ) -> SourceBatch | None:
-        """The next whole files after ``checkpoint``. ``max_documents`` and ``spool_path`` are not used:
-        epochs are bounded by ``source.max_files`` / ``source.max_bytes`` and Spark reads in place."""
+        """The next whole files after ``checkpoint`` (up to ``until``'s file when given). ``max_documents``
+        and ``spool_path`` are not used: epochs are bounded by ``source.max_files`` /
+        ``source.max_bytes``, and Spark reads the files in place."""
         store, files, legacy = self.listing()
         config = self.binding.source
-        plan = plan_epoch(files, checkpoint, config.max_files, config.max_bytes, store.uri, legacy)
+        plan = plan_epoch(
+            files, checkpoint, config.max_files, config.max_bytes, store.uri, legacy,
+            until=(until or {}).get("file"),
+        )
         if plan.empty:
             return None
         declared = self.declared_schema(spark)
@@ -501,7 +510,7 @@ class _Reader:
         def kind(x: "Column") -> "Column":
             return F.schema_of_variant(x)
 
-        rules: list[tuple[Column, str]] = [
+        rules: list[tuple[Column, Column | str]] = [
             (
                 v.isNull(),
                 "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
@@ -533,10 +542,10 @@ class _Reader:
             rules += self._fits(v, self.declared, "")
         expr = F.lit(None).cast("string")
         for condition, message in reversed(rules):
-            expr = F.when(condition, F.lit(message)).otherwise(expr)
+            expr = F.when(condition, F.lit(message) if isinstance(message, str) else message).otherwise(expr)
         return expr
 
-    def _fits(self, v: "Column", dtype: "StructType", path: str) -> list[tuple["Column", str]]:
+    def _fits(self, v: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
         """Values the declared type's cast would refuse (a timestamp's format, an INT's range):
         checked per document here, so the staging cast cannot fail (arrays aside)."""
         from pyspark.sql import functions as F
@@ -550,13 +559,12 @@ class _Reader:
             if isinstance(f.dataType, T.StructType):
                 rules += self._fits(got, f.dataType, where)
             elif not isinstance(f.dataType, (T.StringType, T.ArrayType, T.MapType, T.BooleanType)):
-                rules.append(
-                    (
-                        got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(),
-                        f"field {where!r} does not fit source.schema's {f.dataType.simpleString().upper()} (its format or range); "
-                        "fix the document, or change source.schema",
-                    )
+                message = F.concat(
+                    F.lit(f"a value does not fit source.schema: field {where!r} holds "),
+                    F.substring(F.to_json(got), 1, 200),
+                    F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
                 )
+                rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(), message))
         return rules
 
     def check(self, parsed: "DataFrame") -> tuple[int, "StructType"]:
