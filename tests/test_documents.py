@@ -331,7 +331,7 @@ def declared(tmp_path: Path) -> DocumentsSource:
         ('{"id": 1, "tags": [1, "two"]}', "field 'tags[]' is a string but source.schema declares a number"),
         ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
         ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\", which is not a valid TIMESTAMP"),
-        ('{"id": 1, "address": {"n": 3000000000}}', "field 'address.n' holds 3000000000, which is not a valid INT"),
+        ('{"id": 1, "address": {"n": 3000000000}}', "a value does not fit source.schema: field 'address.n' holds 3000000000, which is not a valid INT"),
     ],
 )
 def test_a_declared_schema_refuses_undeclared_fields_and_other_kinds(spark: Any, tmp_path: Path, line: str, message: str) -> None:
@@ -356,3 +356,19 @@ def test_a_declared_schema_takes_nulls_any_json_as_a_string_and_the_delete_marke
     rows = batch.documents.orderBy("_seq").collect()
     assert rows[0]["note"] == '{"any":["json"]}' and rows[0]["amount"] == 2.0 and rows[0]["at"] is not None
     assert [r["_op"] for r in rows] == ["u", "u", "d"]
+
+
+def test_a_field_null_in_a_whole_epoch_lands_as_null_in_a_typed_column(spark: Any, tmp_path: Path) -> None:
+    from materializer.config import load_config
+    from materializer.runtime import Runtime
+    from tests.helpers import binding, write_config
+
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "n": 5, "o": {"x": 1}}'])
+    write(tmp_path / "src" / "b.jsonl", ['{"id": 2, "n": null, "o": {"x": null}}', '{"id": 1, "n": null}'])
+    write(tmp_path / "src" / "c.jsonl", ['{"id": 3, "n": 7, "m": null}'])
+    config = load_config(write_config(tmp_path, [binding("b", tmp_path / "src", tmp_path / "t", max_files=1)]))
+    assert Runtime(config, spark).run().last_epoch == 3
+    table = spark.read.format("delta").load(str(tmp_path / "t"))
+    assert {f.name: f.dataType.simpleString() for f in table.schema.fields} == {"id": "bigint", "n": "bigint", "o": "struct<x:bigint>"}
+    rows = {r["id"]: r.asDict(recursive=True) for r in table.collect()}
+    assert rows == {1: {"id": 1, "n": None, "o": None}, 2: {"id": 2, "n": None, "o": {"x": None}}, 3: {"id": 3, "n": 7, "o": None}}
