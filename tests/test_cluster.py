@@ -203,7 +203,8 @@ def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster:
             if str(source.resolve()) + "/" in line and "O_DIRECTORY" not in line  # listing the folder is fine
         ]
         assert opened == [], opened[:5]
-        assert "sitecustomize" in trace.read_text(errors="replace")  # the trace did see the driver's opens
+        seen = trace.read_text(errors="replace")
+        assert "sitecustomize" in seen and "delta-spark" in seen  # it saw the driver's Python and JVM open files
 
     # The work ran on the cluster: the application registered with the master and got executors
     # on both workers (standalone apps stay listed as completed after the driver stops).

@@ -440,6 +440,8 @@ class _Reader:
         self.keys = keys
         self.declared = declared
         self.resume_from = checkpoint
+        self.done: dict[str, int] = {}
+        """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
 
     # --- reading ---
 
@@ -479,6 +481,7 @@ class _Reader:
         parts = []
         if plan.resume is not None:
             info, done = plan.resume
+            self.done[info.path] = done
             rest = self.numbered(info.path).where(F.col("line") > done)
             parts.append(
                 rest.select("value", F.struct(F.lit(info.path).alias("file"), F.lit(0).cast("long").alias("block"), F.col("line").cast("long").alias("row")).alias(SEQ))
@@ -638,7 +641,7 @@ class _Reader:
         """The error naming the first bad lines of file ``name``: its lines numbered (in Spark)."""
         from pyspark.sql import functions as F
 
-        lines = self._with_variant(self.numbered(name))
+        lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
         lines = lines.withColumn("__problem", self.problem())
         if shape is not None:
             wanted = (F.col("__problem").isNull()) & (F.schema_of_variant(F.col("__v")) == F.lit(shape))
