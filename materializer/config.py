@@ -38,6 +38,12 @@ class SourceConfig(Model):
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
+    max_files: int = Field(default=1000, gt=0)
+    """documents only: most files one epoch takes (Auto Loader's maxFilesPerTrigger). An epoch is a
+    set of whole files in file-name order, at least one."""
+    max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    """documents only: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
+    taken whole. 512 MiB holds a million documents of up to ~500 bytes."""
 
     @property
     def schema_ddl(self) -> str | None:
@@ -47,6 +53,11 @@ class SourceConfig(Model):
     def _schema_only_for_documents(self) -> "SourceConfig":
         if self.schema_ is not None and self.format != "documents":
             raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
+        defaults = SourceConfig.model_fields
+        if self.format != "documents" and (
+            self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
+        ):
+            raise ValueError("max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents)")
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
         return self
@@ -100,7 +111,8 @@ class BindingConfig(Model):
 
 class TransactionConfig(Model):
     max_documents: int = Field(default=100_000, gt=0)
-    """Largest number of source documents (or CDC updates) one binding contributes to an epoch."""
+    """cdcv2: largest number of CDC updates one binding contributes to an epoch. The documents
+    source takes whole files instead, bounded by its ``source.max_files`` / ``source.max_bytes``."""
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     """With ``--follow``: how long to wait before looking for new input again."""
     pipelined: bool = True

@@ -176,6 +176,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         batch = source.next_batch(
             spark, rewind.get(binding.name), config.transaction.max_documents,
             f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
+            until=(expected_end or {}).get(binding.name),
         )
         if batch is None:
             if binding.name in restage:

@@ -119,10 +119,11 @@ def reduce(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingC
 
 def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingConfig) -> "DataFrame":
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    from pyspark.sql.types import StringType, StructField, StructType
 
     keys = binding.key
     reduced = reduced_fields(binding)
+    seq_type = documents.schema[SEQ].dataType
     doc_types = {f.name: f.dataType for f in documents.schema.fields if f.name not in keys and f.name not in RESERVED}
     # The table's types type the fold (the loaded rows have the table's schema; delta-updates
     # mode loads nothing, so the schema is read from the Delta log).
@@ -164,7 +165,7 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
 
     doc_row = F.struct(
         origin(1, doc_nulls).alias(_ORIGIN),
-        F.col(SEQ).cast(LongType()).alias(SEQ),
+        F.col(SEQ).alias(SEQ),  # any orderable type (a long, or documents' (file, block, row))
         F.col(OP).alias(OP),
         *[value(name, doc_types, doc_nulls, target).alias(name) for name, target in targets.items()],
     )
@@ -173,7 +174,7 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
         key_types = {f.name: f.dataType for f in documents.schema.fields if f.name in keys}
         loaded_row = F.struct(
             origin(0, loaded_nulls).alias(_ORIGIN),
-            F.lit(0).cast(LongType()).alias(SEQ),
+            F.lit(None).cast(seq_type).alias(SEQ),  # never compared: the loaded row's origin sorts first
             F.lit("u").alias(OP),
             *[value(name, loaded_types, loaded_nulls, target).alias(name) for name, target in targets.items()],
         )

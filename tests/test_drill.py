@@ -56,8 +56,9 @@ def pipeline(tmp_path: Path, *, max_documents: int = 6, loads: bool = False, **c
     return write_config(
         prod,
         [
-            binding("items", source, prod / "tables" / "items", **extra),
-            binding("item_events", source, prod / "tables" / "item_events", mode="delta_updates"),
+            # One file per epoch (the documents source takes whole files).
+            binding("items", source, prod / "tables" / "items", max_files=1, **extra),
+            binding("item_events", source, prod / "tables" / "item_events", mode="delta_updates", max_files=1),
         ],
         pipeline_id="drill-test",
         max_documents=max_documents,
@@ -82,22 +83,23 @@ def test_oracle_standard_and_delta_updates(tmp_path: Path) -> None:
             "staging": "s",
             "transaction": {"max_documents": 2},
             "bindings": [
-                binding("std", src, tmp_path / "t1"),
-                binding("upd", src, tmp_path / "t2", mode="delta_updates"),
+                binding("std", src, tmp_path / "t1", max_files=1),
+                binding("upd", src, tmp_path / "t2", mode="delta_updates", max_files=1),
             ],
         },
         "test",
     )
     std = oracle.expected(cfg.binding("std"), 2)
-    assert std.verified and std.epochs == 3 and std.documents == 5
+    assert std.verified and std.epochs == 2 and std.documents == 5  # one file per epoch
     assert {k: json.loads(next(iter(c))) for k, c in std.rows.items()} == {(1,): {"id": 1, "v": 3}, (3,): {"id": 3, "v": 4}}
     upd = oracle.expected(cfg.binding("upd"), 2)
-    # epochs: [1:v1, 2:v2] [1:v3, 2:delete] [3:v4]
-    assert sum(sum(c.values()) for c in upd.rows.values()) == 5
+    # epochs (files): [1:v1, 2:v2, 1:v3] [2:delete, 3:v4]
+    assert sum(sum(c.values()) for c in upd.rows.values()) == 4
     assert upd.rows[(2,)] == Counter({'{"_op":"u","id":2,"v":2}': 1, '{"_op":"d","id":2}': 1})
-    # Reductions: the seed's example, -1, 3, 2 then 6, -7, -1 (max_documents 3).
-    write_jsonl(tmp_path / "seed" / "a.jsonl", [{"id": 1, "v": v} for v in (-1, 3, 2, 6, -7, -1)])
-    seed = {"name": "s", "source": {"format": "documents", "path": str(tmp_path / "seed")}, "table": "t", "key": ["id"]}
+    # Reductions: the seed's example, -1, 3, 2 then 6, -7, -1 (a file each).
+    write_jsonl(tmp_path / "seed" / "a.jsonl", [{"id": 1, "v": v} for v in (-1, 3, 2)])
+    write_jsonl(tmp_path / "seed" / "b.jsonl", [{"id": 1, "v": v} for v in (6, -7, -1)])
+    seed = {"name": "s", "source": {"format": "documents", "path": str(tmp_path / "seed"), "max_files": 1}, "table": "t", "key": ["id"]}
     std_sum = oracle.expected(parse_config({**_base(), "bindings": [{**seed, "reductions": {"v": "sum"}}]}, "t").bindings[0], 3)
     assert std_sum.rows == {(1,): Counter({'{"id":1,"v":2}': 1})}
     upd_sum = oracle.expected(
@@ -106,7 +108,7 @@ def test_oracle_standard_and_delta_updates(tmp_path: Path) -> None:
     assert upd_sum.rows == {(1,): Counter({'{"_op":"u","id":1,"v":4}': 1, '{"_op":"u","id":1,"v":-2}': 1})}
     # CDC v2: the shipped example's state at its frontier (time 5; the update at 5 waits).
     example = Path(__file__).resolve().parent.parent / "conf" / "examples" / "cdcv2"
-    cdc = {**seed, "source": {"format": "cdcv2", "path": str(example)}}
+    cdc = {**seed, "source": {"format": "cdcv2", "path": str(example)}}  # max_files is documents-only
     cdc_exp = oracle.expected(parse_config({**_base(), "bindings": [cdc]}, "t").bindings[0], 3)
     assert cdc_exp.verified and cdc_exp.rows
     # A mode without an oracle is "not verified", never a pass.
