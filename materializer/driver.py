@@ -508,9 +508,11 @@ class DeltaDriver(Driver):
         try:
             for binding in self.config.bindings:
                 df = self._stored.pop(binding.name, None)
-                early = self._prestaged.pop(binding.name, None)
+                # Left in _prestaged until adopted, so a refusal below discards it too.
+                early = self._prestaged.get(binding.name)
                 if early is not None and early[0] is not df:
                     # Stored rows other than the prestaged ones: the early file is not this epoch's.
+                    self._prestaged.pop(binding.name)
                     if early[1] is not None:
                         self.staging.delete_prefix(early[1].uri)
                     early = None
@@ -521,6 +523,7 @@ class DeltaDriver(Driver):
                 facts = self._table_facts(binding)
                 self._check_schema(binding, df, facts)
                 staged[binding.name] = early[1] if early is not None else self._stage(binding.name, epoch, df)
+                self._prestaged.pop(binding.name, None)
                 file = staged[binding.name]
                 if facts is not None and file is not None:
                     self._check_rows(binding, file, df.schema, facts)
