@@ -248,6 +248,26 @@ def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
     from pyspark.sql import functions as F
 
     log = table_location(spark, table).rstrip("/") + "/_delta_log"
+    try:
+        return _writers_from_log(spark, log)
+    except Exception:  # noqa: BLE001 - e.g. Unity Catalog refuses path access to a managed table
+        if table.is_path:
+            raise
+    # The catalog's own view: the history's tags (transaction ids are not in it).
+    tags: dict[tuple[str, str], tuple[int, int]] = {}
+    for row in delta_table(spark, table).history().select("version", "userMetadata").collect():
+        meta = parse_user_metadata(row["userMetadata"])
+        if meta is not None and "pipeline" in meta and "binding" in meta:
+            key = (str(meta["pipeline"]), str(meta["binding"]))
+            version = int(row["version"])
+            first, last = tags.get(key, (version, version))
+            tags[key] = (min(first, version), max(last, version))
+    return TableWriters(tags=tags, app_ids={})
+
+
+def _writers_from_log(spark: "SparkSession", log: str) -> TableWriters:
+    from pyspark.sql import functions as F
+
     commits = (
         spark.read.schema("commitInfo STRUCT<userMetadata: STRING>, txn STRUCT<appId: STRING, version: BIGINT>")
         .json(log + "/*.json")

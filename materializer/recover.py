@@ -134,7 +134,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
             f"tables record epochs {ahead} but the recovery log ends at epoch {last_epoch}: more than one "
             "committed epoch is missing from the log. Restore the log from a backup; recover cannot rebuild it."
         )
-    driver = DeltaDriver(spark, config, staging, collector)
+    driver = DeltaDriver(spark, config, staging, collector, fence_check=lambda: log.check_holding("deleting staged files"))
 
     if ahead:
         # The lost entry was epoch last+1, applied to some tables: re-commit it from last's checkpoint.
