@@ -502,8 +502,27 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1) -> 
         result.log_problems.append(f"log sequence numbers have a gap: {seqs}")
     result.last_epoch = last_commit.epoch if last_commit else 0
 
-    staging = open_store(config.staging)
-    result.orphans = [f.path for f in staging.list()]
+    # Orphans are what no run will ever delete: files of the staging area that the next Open
+    # keeps although no committed entry needs them (applied epochs' staged files, files outside
+    # the areas Open cleans). What a run killed or fenced after the last Open left in staged/,
+    # spool/ or _tmp/ (or as a temp file in the log) is the next Open's to delete, not a leak.
+    from materializer.driver import open_cleans
+
+    staging = open_store(config.staging_root)
+    pending = last_commit.driver_checkpoint if last_commit is not None else None
+    _cleaned, kept = open_cleans(staging, pending)
+    needed = set()
+    if pending is not None:
+        for name, staged in pending.staged.items():
+            binding = next((b for b in config.bindings if b.name == name), None)
+            recorded = table_state(spark, TableRef(binding.table), config.pipeline_id).txn_version if binding else None
+            if staged is not None and (recorded or 0) < pending.epoch:
+                needed.add(staged.uri)  # committed, not yet applied: the next run applies it
+    from materializer.driver import SCRATCH, STAGED, dataset_of
+
+    areas = (STAGED + "/", "skipped/") + tuple(f"{p}/" for p in SCRATCH)
+    result.orphans = [p for p in kept if dataset_of(p) not in needed]
+    result.orphans += [f.path for f in staging.list() if not f.path.startswith(areas)]
 
     expectations = oracle.expected_all(config)
     known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
@@ -859,7 +878,7 @@ class Drill:
             "truncated-staged": ("after-apply" if len(self.config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
         }
         log = RecoveryLog(open_store(self.config.recovery_log), self.config.pipeline_id)
-        staging = open_store(self.config.staging)
+        staging = open_store(self.config.staging_root)
         epoch = 1
         for name in damages:
             if name not in setups:

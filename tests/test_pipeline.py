@@ -209,7 +209,7 @@ def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: An
         if message.epoch == 1:
             # Epoch 1's apply cannot finish until epoch 2 has been read: a serial loop would hang here.
             overlapped.append(second_prestaged.wait(timeout=120))
-            assert any(f.name.startswith("items-") for f in (tmp_path / "staging" / "staged" / "epoch-000000000002").iterdir())
+            assert any(f.name.startswith("items-") for f in (tmp_path / "staging" / config.pipeline_id / "staged" / "epoch-000000000002").iterdir())
         return acknowledge(message)
 
     runtime.sources["items"].next_batch = next_batch  # type: ignore[method-assign]
