@@ -3,7 +3,8 @@
 A source turns its runtime checkpoint into the next batch of documents, as a DataFrame with the
 document's fields plus two columns the runtime relies on: ``_op`` ('u' upsert, 'd' delete) and
 ``_seq`` (order within the batch; later wins). ``_seq`` is any orderable Spark type, unique per
-document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents; reductions
+document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents,
+``struct(topic, partition, offset)`` for kafka; reductions
 compare it as it is and never cast it. The checkpoint after the batch is returned with it
 and committed with the epoch, never before.
 """
@@ -64,4 +65,8 @@ def open_source(binding: BindingConfig, spool: Store) -> Source:
         from materializer.sources.cdcv2 import CdcV2Source
 
         return CdcV2Source(binding, spool)
+    if binding.source.format == "kafka":
+        from materializer.sources.kafka import KafkaSource
+
+        return KafkaSource(binding, spool)
     raise ValueError(binding.source.format)
