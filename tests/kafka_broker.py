@@ -258,3 +258,20 @@ class Broker:
             producer.poll(0)
         remaining = producer.flush(60)
         assert remaining == 0 and not failures, f"produce failed: {remaining} unsent, {failures[:3]}"
+
+
+import pytest  # noqa: E402 - the fixture below; the module above is usable without pytest
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One broker for the test session (started on first use, killed at the end)."""
+    try:
+        kafka_jars()
+    except BrokerUnavailable as exc:
+        pytest.skip(str(exc))
+    started = Broker(tmp_path_factory.mktemp("kafka")).start()
+    try:
+        yield started
+    finally:
+        started.stop()

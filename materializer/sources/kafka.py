@@ -110,14 +110,14 @@ def positions_of(checkpoint: dict[str, Any] | None) -> dict[Partition, int]:
 
 def share(backlog: dict[Partition, int], limit: int) -> dict[Partition, int]:
     """How many records each partition gives to an epoch of at most ``limit``: all when the backlog
-    fits, else in proportion to each partition's backlog (remainders to the largest backlogs, ties
-    by partition), so every partition moves and none starves."""
+    fits, else in proportion to each partition's backlog (what rounding leaves goes to the largest
+    fractions, ties by partition), so partitions move together and none starves."""
     total = sum(backlog.values())
     if total <= limit:
         return dict(backlog)
     taken = {p: limit * n // total for p, n in backlog.items()}
     left = limit - sum(taken.values())
-    for p in sorted(backlog, key=lambda p: (-(backlog[p] - taken[p]), p)):
+    for p in sorted(backlog, key=lambda p: (-(limit * backlog[p] % total), p)):
         if left <= 0:
             break
         if taken[p] < backlog[p]:
