@@ -28,7 +28,10 @@ class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-KAFKA_FIELDS = ("bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "options", "client_options", "on_data_loss")
+KAFKA_FIELDS = (
+    "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
+    "on_data_loss",
+)
 """SourceConfig fields that only the kafka format takes."""
 KAFKA_RESERVED_OPTIONS = (
     "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
@@ -74,6 +77,11 @@ class SourceConfig(Model):
     """kafka: what a record's value holds: ``documents`` (a JSON document, as the documents source
     reads), ``debezium`` (a Debezium change event, JSON, with or without its schema envelope);
     ``cdcv2`` is not built yet."""
+    key_from: Literal["value", "message"] = "value"
+    """kafka, documents payload: where the key fields are. ``value``: in the document. ``message``: in
+    the record's key, a JSON object of the key fields (``{"id": 17}``, as Kafka Connect's JSON
+    converter writes it, with or without its schema envelope), or with one key field any JSON
+    scalar or plain text; a record with a null value (a tombstone) then deletes that key."""
     options: dict[str, str] = Field(default_factory=dict)
     """kafka: options handed to Spark's Kafka reader as they are, e.g. security
     (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``)."""
@@ -134,6 +142,8 @@ class SourceConfig(Model):
                 "payload cdcv2 is not built yet for kafka: write the CDC v2 statements to files and use format cdcv2, "
                 "or use payload documents / debezium"
             )
+        if self.key_from == "message" and self.payload != "documents":
+            raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
         _check_starting(self.starting, names)
         for key in self.options:
             if key.lower() in KAFKA_RESERVED_OPTIONS:

@@ -296,3 +296,29 @@ def test_debezium_change_events_with_and_without_the_schema_envelope(spark: Any,
     broker.produce("dbz", [(b"4", event("t", None, None), 0)])
     with pytest.raises(SourceError, match="topic dbz partition 0 offset 3: Debezium op 't' .* is not supported"):
         Runtime(config, spark).run()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_keys_from_the_message_key_and_tombstones_that_delete_them(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    broker.create_topic("keyed", 1)
+    broker.produce(
+        "keyed",
+        [
+            (b'{"id": 1}', b'{"v": 1}', 0),
+            (b"2", b'{"v": 2}', 0),  # one key field: a JSON scalar key
+            (b'{"schema": {"type": "struct"}, "payload": {"id": 3}}', b'{"id": 3, "v": 3}', 0),  # held in both, equal
+            (b'{"id": 4}', b"{}", 0),
+            (b'{"id": 1}', None, 0),  # a tombstone deletes key 1
+        ],
+    )
+    table = tmp_path / "tables" / "k"
+    config = load_config(write_config(tmp_path, [kafka_binding(broker, "k", "keyed", table, key_from="message")]))
+    Runtime(config, spark).run()
+    assert table_rows(spark, table, ["id"]) == {(2,): {"id": 2, "v": 2}, (3,): {"id": 3, "v": 3}, (4,): {"id": 4}}
+
+    broker.produce("keyed", [(b'{"id": 5}', b'{"id": 6, "v": 5}', 0), (None, b'{"v": 7}', 0)])
+    with pytest.raises(SourceError) as caught:
+        Runtime(config, spark).run()
+    assert "offset 5: key field 'id' in the value differs from the record's key" in str(caught.value)
+    assert "offset 6: the record has no key" in str(caught.value)

@@ -22,7 +22,8 @@ Payloads (``source.payload``):
 - ``documents``: the value is a JSON document, read and checked exactly as the documents source
   does (its ``_Reader``: ``try_parse_json`` to VARIANT, one aggregate of checks and
   ``schema_of_variant_agg``), ``_meta.op = "d"`` deletes the key. A null value (a tombstone) is
-  refused: it names no key.
+  refused: it names no key. With ``key_from: message`` the key fields come from the record's key
+  (a JSON object, or one scalar) and a tombstone deletes that key, as in a compacted topic.
 - ``debezium``: the value is a Debezium change event (JSON converter, with or without its
   ``schema``/``payload`` envelope). ``op`` c (create), r (snapshot read) and u (update) upsert
   ``after``; d deletes the key of ``before``; tombstones (null values, which Debezium writes after a
@@ -37,6 +38,7 @@ found in two partitions of one epoch takes the record of the higher (topic, part
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -323,7 +325,9 @@ class KafkaSource(Source):
         plan = self.plan(checkpoint, config.max_records or max_documents)
         if plan.empty:
             return None
-        reader = _KafkaReader(spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload)
+        reader = _KafkaReader(
+            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
+        )
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
@@ -370,6 +374,7 @@ class KafkaSource(Source):
         )
         return raw.select(
             F.col("value").cast("string").alias("value"),
+            F.col("key").cast("string").alias("key"),
             F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
         )
 
@@ -385,10 +390,11 @@ class _KafkaReader(_Reader):
 
     def __init__(
         self, spark: "SparkSession", where: str, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None, payload: str,
+        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value",
     ) -> None:
         super().__init__(spark, _Where(where), keys, declared, checkpoint)  # type: ignore[arg-type]
         self.payload = payload
+        self.key_from = key_from
 
     def parsed(self, records: "DataFrame") -> "DataFrame":  # type: ignore[override]
         """``value`` (the document's JSON text), ``__kafka`` (a problem of the record itself), ``__v``."""
@@ -396,6 +402,8 @@ class _KafkaReader(_Reader):
 
         if self.payload == "debezium":
             records = self._debezium(records)
+        elif self.key_from == "message":
+            records = self._keyed(records)
         else:
             records = records.withColumn(
                 "__kafka",
@@ -407,6 +415,62 @@ class _KafkaReader(_Reader):
             )
         # Unlike lines of a file, no record is skipped: a blank value is refused as not JSON.
         return records.withColumn("__v", F.try_parse_json(F.col("value")))
+
+    def _keyed(self, records: "DataFrame") -> "DataFrame":
+        """``key_from: message``: the key fields from the record's key, spliced into the document
+        (or checked equal, where the value holds them too); a tombstone deletes the key."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        parsed_key = F.try_parse_json(F.col("key"))
+        wrapped = F.try_variant_get(parsed_key, "$.schema", "variant").isNotNull() & F.try_variant_get(parsed_key, "$.payload", "variant").isNotNull()
+        key = F.when(wrapped, F.try_variant_get(parsed_key, "$.payload", "variant")).otherwise(parsed_key)
+        is_object = F.schema_of_variant(key).startswith("OBJECT")
+        if len(self.keys) == 1:
+            name = self.keys[0]
+            # One key field: a JSON scalar as it is, plain text as a string.
+            scalar = F.when(key.isNotNull(), F.concat(F.lit("{" + json.dumps(name) + ":"), F.to_json(key), F.lit("}")))
+            key_json = F.when(is_object, F.to_json(key)).otherwise(F.coalesce(scalar, F.to_json(F.struct(F.col("key").alias(name)))))
+        else:
+            key_json = F.when(is_object, F.to_json(key))
+        key_doc = F.try_parse_json(key_json)
+        fields = T.StructType([T.StructField(k, T.VariantType()) for k in self.keys])
+        in_key = key_doc.try_cast(fields)
+        value = F.try_parse_json(F.col("value"))
+        in_value = value.try_cast(fields)
+        held = [in_value[k].isNotNull() for k in self.keys]
+        any_held = functools.reduce(lambda a, b: a | b, held)
+        differs = [(in_value[k].isNotNull() & (F.to_json(in_value[k]) != F.to_json(in_key[k])), k) for k in self.keys]
+        missing = [(in_key[k].isNull() | F.is_variant_null(in_key[k]), k) for k in self.keys]
+        key_inner = F.expr("substring(__key_json, 2, length(__key_json) - 2)")
+        value_inner = F.expr("substring(value, 2 + length(value) - length(ltrim(value)))")
+        problem = F.when(F.col("key").isNull(), F.lit("the record has no key, and key_from: message takes the key fields from it"))
+        problem = problem.when(key_json.isNull(), F.lit(
+            f"the record's key must be a JSON object holding the key fields {self.keys}"
+            + (" (or, for one key field, a JSON scalar or plain text)" if len(self.keys) == 1 else "")
+        ))
+        for condition, name in missing:
+            problem = problem.when(condition, F.lit(f"the record's key has no key field {name!r} (or it is null)"))
+        for condition, name in differs:
+            problem = problem.when(F.col("value").isNotNull() & condition, F.lit(f"key field {name!r} in the value differs from the record's key"))
+        tombstone = F.concat(F.lit('{"_meta":{"op":"d"},'), F.col("__key_inner"), F.lit("}"))
+        spliced = F.when(
+            F.trim(F.col("__value_inner")).startswith("}"), F.concat(F.lit("{"), F.col("__key_inner"), F.col("__value_inner"))
+        ).otherwise(F.concat(F.lit("{"), F.col("__key_inner"), F.lit(","), F.col("__value_inner")))
+        text = (
+            F.when(F.col("__kafka").isNotNull(), F.col("value"))
+            .when(F.col("value").isNull(), tombstone)
+            # The value holds the key fields (checked equal above), or is no object: left as it is.
+            .when(any_held | value.isNull() | ~F.schema_of_variant(value).startswith("OBJECT"), F.col("value"))
+            .otherwise(spliced)
+        )
+        return (
+            records.withColumn("__key_json", key_json)
+            .withColumn("__key_inner", key_inner)
+            .withColumn("__value_inner", value_inner)
+            .withColumn("__kafka", problem)
+            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"))
+        )
 
     def _debezium(self, records: "DataFrame") -> "DataFrame":
         """Debezium events as documents: ``after`` for c/r/u, ``before`` marked deleted for d;
