@@ -173,10 +173,14 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     batches = {}
     for binding in config.bindings:
         source = open_source(binding, staging)
-        batch = source.next_batch(
-            spark, rewind.get(binding.name), config.transaction.max_documents,
-            f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
-        )
+        replay = getattr(source, "replay", None)  # kafka: the exact offset range the log recorded
+        if replay is not None and expected_end is not None and binding.name in restage and binding.name in expected_end:
+            batch = replay(spark, rewind.get(binding.name), expected_end[binding.name])
+        else:
+            batch = source.next_batch(
+                spark, rewind.get(binding.name), config.transaction.max_documents,
+                f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
+            )
         if batch is None:
             if binding.name in restage:
                 raise StagingError(

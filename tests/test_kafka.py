@@ -16,6 +16,7 @@ from materializer.config import load_config, parse_config
 from materializer.delta import TableRef, history
 from materializer.errors import ConfigError, SourceError
 from materializer.progress import ListCollector
+from materializer.recover import recover
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
 from materializer.sources.kafka import plan_epoch, share
@@ -214,13 +215,26 @@ def test_a_kill_in_the_merge_of_the_second_wave_replays_the_same_offsets(spark: 
     assert entry["range"] == {"crash": {p: [after_first[p], after_second[p]] for p in after_first}}
     assert entry["offsets"] == {"crash": after_second}
 
+    # Make it harder: epoch 2's staged file is lost and more records arrive before the repair.
+    # recover must re-read exactly epoch 2's recorded range, not up to the new latest offsets.
+    staged = log_entries(config)[2].driver_checkpoint.staged["items"]
+    open_store(config.staging).delete_prefix(staged.uri)
+    third = wave(90, 30, range(12), seed=6)
+    produce(broker, "crash", third, 2)
+    recover(config, spark)
+    assert log_entries(config)[2].runtime_checkpoint["items"] == entry
+
     events = ListCollector()
     summary = Runtime(config, spark, events).run()
-    assert summary.epochs == []  # nothing new was read: the replay is epoch 2's staged range
     assert summary.reapplied is not None and [r.status for r in summary.reapplied.results] == ["applied"]
-    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == oracle(first + second)
+    # Then only wave 3, from where epoch 2's range ended.
+    assert [e.epoch for e in summary.epochs] == [3]
+    assert log_entries(config)[3].runtime_checkpoint["items"]["range"]["crash"] == {
+        p: [after_second[p], high] for p, high in {str(p): h for (_, p), (_, h) in _marks(broker, "crash").items()}.items()
+    }
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == oracle(first + second + third)
     epochs = [h["tag"]["epoch"] for h in history(spark, TableRef(str(tmp_path / "tables" / "items"))) if h["tag"]]
-    assert epochs == [1, 2]
+    assert epochs == [1, 2, 3]
 
 
 @pytest.mark.kafka
@@ -293,9 +307,11 @@ def test_debezium_change_events_with_and_without_the_schema_envelope(spark: Any,
     assert sum(e.documents["d"] for e in summary.epochs) == 7  # two tombstones left out
     assert table_rows(spark, tmp_path / "tables" / "d", ["id"]) == {(1,): {"id": 1, "name": "a2"}, (3,): {"id": 3, "name": "c2"}}
 
-    broker.produce("dbz", [(b"4", event("t", None, None), 0)])
-    with pytest.raises(SourceError, match="topic dbz partition 0 offset 3: Debezium op 't' .* is not supported"):
+    broker.produce("dbz", [(b"4", event("t", None, None), 0), (b"5", event("d", None, None), 0)])
+    with pytest.raises(SourceError) as caught:
         Runtime(config, spark).run()
+    assert "topic dbz partition 0 offset 3: Debezium op 't' (truncate 't', message 'm') is not supported" in str(caught.value)
+    assert "topic dbz partition 0 offset 4: Debezium delete (op 'd') has no 'before' object" in str(caught.value)
 
 
 @pytest.mark.kafka

@@ -40,7 +40,8 @@ class SourceBatch:
     """Turns a Spark failure while the batch's rows are computed into an error naming the source
     file and line (None: not about this batch's input)."""
     lag: dict[str, int] | None = None
-    """What the source still holds after this batch: ``{"files": n, "bytes": n}`` (None: unknown)."""
+    """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
+    ``{"records": n}`` (None: unknown)."""
 
 
 class Source(ABC):

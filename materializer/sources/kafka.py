@@ -207,7 +207,7 @@ def _offsets_text(offsets: dict[Partition, int]) -> str:
 class Offsets:
     """Partition lists and watermarks from the brokers, with confluent-kafka's AdminClient."""
 
-    def __init__(self, bootstrap: str, client_options: dict[str, str], where: str) -> None:
+    def __init__(self, bootstrap: str, client_options: dict[str, str], where: str, read_committed: bool = False) -> None:
         try:
             from confluent_kafka.admin import AdminClient
         except ImportError:
@@ -216,6 +216,9 @@ class Offsets:
                 "(or confluent-kafka)"
             ) from None
         self.where = where
+        # With read_committed (Spark's kafka.isolation.level) the range must end at the last stable
+        # offset, not the high watermark: records past it are not readable yet.
+        self.read_committed = read_committed
         self.admin = AdminClient({**client_options, "bootstrap.servers": bootstrap})
 
     def watermarks(self, topics: list[str], timeout: float = 30) -> dict[Partition, tuple[int, int]]:
@@ -237,7 +240,7 @@ class Offsets:
         return self._list(partitions, millis, timeout)
 
     def _list(self, partitions: list[Partition], spec: Any, timeout: float) -> dict[Partition, int]:
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         if not partitions:
@@ -247,7 +250,8 @@ class Offsets:
         )
         request = {TopicPartition(t, p): offset_spec for t, p in partitions}
         try:
-            futures = self.admin.list_offsets(request, request_timeout=timeout)
+            isolation = IsolationLevel.READ_COMMITTED if self.read_committed else IsolationLevel.READ_UNCOMMITTED
+            futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=timeout)
             return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
         except KafkaException as exc:
             raise SourceError(f"{self.where}: listing offsets failed ({exc}); check the brokers and client_options") from None
@@ -277,7 +281,10 @@ class KafkaSource(Source):
     def offsets(self) -> Offsets:
         if self._offsets is None:
             config = self.binding.source
-            self._offsets = Offsets(config.bootstrap_servers, dict(config.client_options), self.where)
+            read_committed = any(
+                k.lower() == "kafka.isolation.level" and v.lower() == "read_committed" for k, v in config.options.items()
+            )
+            self._offsets = Offsets(config.bootstrap_servers, dict(config.client_options), self.where, read_committed)
         return self._offsets
 
     def _starting(self, watermarks: dict[Partition, tuple[int, int]]) -> dict[Partition, int]:
@@ -325,6 +332,33 @@ class KafkaSource(Source):
         plan = self.plan(checkpoint, config.max_records or max_documents)
         if plan.empty:
             return None
+        return self._batch(spark, checkpoint, plan)
+
+    def replay(self, spark: "SparkSession", before: dict[str, Any] | None, after: dict[str, Any]) -> SourceBatch:
+        """Exactly a committed epoch's records again (``after``: its checkpoint, whose ``range`` the
+        log recorded): for ``recover`` re-staging an epoch whose staged file was lost. Records of the
+        range the broker no longer has stop it: the epoch cannot be rebuilt exactly."""
+        ranges = {
+            (topic, int(partition)): (int(bounds[0]), int(bounds[1]))
+            for topic, parts in (after.get("range") or {}).items()
+            for partition, bounds in parts.items()
+        }
+        watermarks = self.offsets().watermarks(self.topics)
+        for (topic, partition), (start, end) in sorted(ranges.items()):
+            low, high = watermarks.get((topic, partition), (None, None))
+            if low is None or low > start or high < end:
+                raise SourceError(
+                    f"{self.where}: the epoch read {topic}/{partition} offsets {start} to {end - 1}, and the broker "
+                    f"now holds {'nothing of that partition' if low is None else f'offsets {low} to {high - 1}'}: the "
+                    "epoch cannot be read again exactly. Restore its staged file from a backup."
+                )
+        plan = Plan(ranges=ranges, positions=positions_of(after))
+        batch = self._batch(spark, before, plan)
+        batch.checkpoint = after  # the very checkpoint the log holds, "lost" included
+        return batch
+
+    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
+        config = self.binding.source
         reader = _KafkaReader(
             spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
         )
@@ -489,8 +523,9 @@ class _KafkaReader(_Reader):
         after_ok = F.try_variant_get(F.col("__event"), "$.after", "variant").isNotNull() & ~F.is_variant_null(
             F.try_variant_get(F.col("__event"), "$.after", "variant")
         )
-        before_obj = F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT")
-        after_obj = F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT")
+        # coalesce: a missing before/after has no schema (NULL), which must count as "not an object".
+        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT"), F.lit(False))
+        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT"), F.lit(False))
         deleted = F.when(before == F.lit("{}"), F.lit('{"_meta":{"op":"d"}}')).otherwise(
             F.concat(F.lit(_DELETE_PREFIX), F.substring(before, 2, 1 << 30))
         )
