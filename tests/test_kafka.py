@@ -338,3 +338,23 @@ def test_keys_from_the_message_key_and_tombstones_that_delete_them(spark: Any, b
         Runtime(config, spark).run()
     assert "offset 5: key field 'id' in the value differs from the record's key" in str(caught.value)
     assert "offset 6: the record has no key" in str(caught.value)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    from materializer.bench import BenchOptions, run_bench, summary_table
+
+    options = BenchOptions(
+        table_rows=[500], epoch_rows=[100], epochs=2, out=tmp_path, recovery=False, replay=False, peer=False,
+        one_row_epoch=False, warmup=False, mode="test", kafka=broker.bootstrap,
+    )
+    report = run_bench(options, spark=spark)
+    (config,) = report["configs"]
+    assert config["tables_agree"] and config["row_counts"]["kafka"] == config["row_counts"]["expected"]
+    kafka = config["kafka"]
+    assert [e["epoch"] for e in kafka["epochs"]] == [1, 2]  # max_records = the epoch size: the files' epochs
+    assert kafka["rows_per_second"] == pytest.approx(100 / kafka["median_total_seconds"])
+    assert config["ratios"]["kafka_over_files"] == pytest.approx(kafka["median_total_seconds"] / config["ours"]["median_total_seconds"])
+    _, rows = summary_table(report)
+    assert any(r[0] == "ours from Kafka rows/s" and r[1] != "-" for r in rows)
