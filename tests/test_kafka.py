@@ -358,3 +358,33 @@ def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: 
     assert config["ratios"]["kafka_over_files"] == pytest.approx(kafka["median_total_seconds"] / config["ours"]["median_total_seconds"])
     _, rows = summary_table(report)
     assert any(r[0] == "ours from Kafka rows/s" and r[1] != "-" for r in rows)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_several_topics_and_where_a_new_pipeline_starts(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    import time
+
+    for topic in ("s_a", "s_b"):
+        broker.create_topic(topic, 1)
+    broker.produce("s_a", [(None, json.dumps({"id": i, "v": "old"}).encode(), 0) for i in range(5)])
+    broker.produce("s_b", [(None, json.dumps({"id": 100 + i, "v": "old"}).encode(), 0) for i in range(5)])
+    time.sleep(0.05)
+    since = int(time.time() * 1000)
+    time.sleep(0.05)
+    broker.produce("s_a", [(None, json.dumps({"id": i, "v": "new"}).encode(), 0) for i in range(5, 8)])
+    broker.produce("s_b", [(None, json.dumps({"id": 100 + i, "v": "new"}).encode(), 0) for i in range(5, 7)])
+
+    def run(name: str, starting: Any) -> dict[tuple[Any, ...], dict[str, Any]]:
+        folder = tmp_path / name
+        folder.mkdir()
+        source = {"format": "kafka", "bootstrap_servers": broker.bootstrap, "topics": ["s_a", "s_b"], "starting": starting}
+        config = load_config(write_config(folder, [{"name": name, "source": source, "table": str(folder / "t"), "key": ["id"]}]))
+        Runtime(config, spark).run()
+        return table_rows(spark, folder / "t", ["id"]) if (folder / "t").exists() else {}
+
+    assert sorted(k[0] for k in run("earliest", "earliest")) == list(range(8)) + list(range(100, 107))
+    by_time = run("by_time", {"timestamp": since})
+    assert sorted(k[0] for k in by_time) == [5, 6, 7, 105, 106] and {r["v"] for r in by_time.values()} == {"new"}
+    assert sorted(k[0] for k in run("by_offset", {"s_a": {"0": 6}})) == [6, 7] + list(range(100, 107))
+    assert run("latest", "latest") == {}
