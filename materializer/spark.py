@@ -133,9 +133,13 @@ def build_session(
         settings["spark.driver.bindAddress"] = host
     if s3:
         settings.update(s3a_conf())
-    if kafka:
-        settings.update(kafka_conf())
+    kafka_settings = kafka_conf() if kafka else {}
+    settings.update(kafka_settings)
     settings.update(conf or {})
+    for key, value in kafka_settings.items():
+        # A user's own spark.jars / spark.jars.excludes are kept beside the connector's, not in place of them.
+        if key in (conf or {}) and value not in settings[key].split(","):
+            settings[key] = f"{settings[key]},{value}"
     for key, value in settings.items():
         builder = builder.config(key, value)
     # The JVM inherits our stdout, and Spark's jar resolver prints its report there: start it with
