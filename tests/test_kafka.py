@@ -262,6 +262,14 @@ def test_records_removed_by_retention_and_a_deleted_topic_are_reported(spark: An
     lost = {20, 22, 24, 26, 28}  # ids 20-38 even went to partition 0 at offsets 10-19; the first five are gone
     assert table_rows(spark, table, ["id"]) == oracle(first + [d for d in second if d["id"] not in lost])
 
+    # Records that vanish between the plan and Spark's read (retention racing the epoch) fail the
+    # read, and the failure is explained, not passed on as Spark's.
+    from materializer.sources.kafka import KafkaSource, Plan
+
+    source = KafkaSource(skipping.bindings[0], open_store(skipping.staging))
+    with pytest.raises(SourceError, match="disappeared from the broker while Spark read them"):
+        source._batch(spark, None, Plan(ranges={("retained", 0): (10, 20)}, positions={("retained", 0): 20}))
+
     broker.delete_topic("retained")
     with pytest.raises(SourceError, match="topic 'retained' is gone"):
         Runtime(skipping, spark).run()

@@ -580,7 +580,7 @@ class _KafkaReader(_Reader):
 
     def explain(self, exc: BaseException) -> SourceError | None:
         text = str(exc)
-        if "failOnDataLoss" in text or "OffsetOutOfRange" in text or "Cannot fetch offset" in text:
+        if any(sign in text for sign in ("KAFKA_DATA_LOSS", "failOnDataLoss", "OffsetOutOfRange", "Cannot fetch offset")):
             first = next((line for line in text.splitlines() if "offset" in line.lower()), text[:500])
             return SourceError(
                 f"{self.store.uri}: records of this transaction's offset range disappeared from the broker while Spark "
