@@ -35,8 +35,10 @@ def _session(config: Any, master: str | None):  # type: ignore[no-untyped-def]
     from materializer.spark import build_session
     from materializer.storage import is_s3
 
-    uses_s3 = any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings])
-    return build_session(master or config.spark.master, dict(config.spark.conf), s3=uses_s3)
+    paths = [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
+    uses_s3 = any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + paths)
+    uses_kafka = any(b.source.format == "kafka" for b in config.bindings)
+    return build_session(master or config.spark.master, dict(config.spark.conf), s3=uses_s3, kafka=uses_kafka)
 
 
 class _Printer:

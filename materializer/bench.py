@@ -20,6 +20,12 @@ files three ways, each to its own copy of the same seeded table:
   ``Trigger.AvailableNow``, and a ``foreachBatch`` that deduplicates and MERGEs with
   ``txnAppId``/``txnVersion`` = query id/batch id, the pattern Delta's documentation recommends.
 
+With ``--kafka BOOTSTRAP`` (issue 17), **ours from Kafka**: the same files' documents produced, in
+file order and keyed by id, to a fresh topic (not timed), then the materializer reading the topic
+(``format: kafka``, ``max_records`` = the epoch size, so epochs hold the same documents as the
+files) into its own copy of the seeded table: records per second from topic to table beside the
+same data from files.
+
 Then, on our table: the cost of a replayed, already-applied epoch (a second run of the drained
 pipeline: Open re-acknowledges the last epoch, which Delta already records); and, in
 subprocesses, the recovery after a kill (``MATERIALIZER_CRASH_AT=mid-apply:1``) and the time of
@@ -101,6 +107,10 @@ class BenchOptions:
     given it; False makes ours infer each epoch's types (one more Spark pass per epoch)."""
     pipelined: bool = True
     """Ours applies epoch N while reading N+1 (``transaction.pipelined``)."""
+    kafka: str | None = None
+    """Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."""
+    kafka_partitions: int = 2
+    """Partitions of the benchmark's topic."""
     mode: str = "custom"
 
     def __post_init__(self) -> None:
@@ -423,11 +433,15 @@ SCHEMA_DDL = "id BIGINT, name STRING, amount DOUBLE, qty BIGINT, updated BIGINT"
 
 
 def pipeline_config(
-    folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None
+    folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     options = options or BenchOptions()
     # One generated file per epoch, as the peer's maxFilesPerTrigger=1.
     source_config: dict[str, Any] = {"format": "documents", "path": str(source), "max_files": 1}
+    if topic is not None:
+        # The same documents from a topic: max_records = the epoch size, so epochs match the files.
+        source_config = {"format": "kafka", "bootstrap_servers": options.kafka, "topic": topic, "max_records": max_documents}
     if options.declared_schema:
         source_config["schema"] = SCHEMA_DDL
     return {
@@ -574,12 +588,13 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
 
 
 def run_ours(
-    spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None
+    spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     from materializer.config import parse_config
     from materializer.runtime import Runtime
 
-    cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options), "bench")
+    cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options, topic), "bench")
     collector = TimingCollector()
     marks: list[tuple[int, int | None]] = []
 
@@ -630,6 +645,32 @@ def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:
         "spark_jobs": (jobs_after - jobs_before) if jobs_before is not None and jobs_after is not None else None,
         "job_names": job_names(spark, jobs_before, jobs_after),
     }
+
+
+def produce_topic(bootstrap: str, topic: str, partitions: int, files: list[Path]) -> float:
+    """The files' documents to a new topic, in file order, keyed by id (so a key's documents stay in
+    one partition, in order). Setup, not measured; returns its seconds."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    started = time.monotonic()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=60)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "batch.size": 1 << 20})
+    for path in files:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                key = json.loads(line)[KEY]
+                while True:
+                    try:
+                        producer.produce(topic, key=str(key).encode(), value=line.rstrip("\n").encode())
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"bench: could not produce every document to {topic}")
+    return time.monotonic() - started
 
 
 # --- bare -----------------------------------------------------------------------------------------
@@ -824,7 +865,7 @@ def _session_conf(options: BenchOptions) -> dict[str, str]:
 def session(options: BenchOptions) -> "SparkSession":
     from materializer.spark import build_session
 
-    return build_session(options.master, _session_conf(options), app_name="materializer-bench")
+    return build_session(options.master, _session_conf(options), app_name="materializer-bench", kafka=bool(options.kafka))
 
 
 def _summary(epochs: list[dict[str, Any]], big: int, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -889,6 +930,15 @@ def bench_config(
     with phase("ours"):
         ours = run_ours(spark, work / "ours", work / "source", work / "ours" / "table", epoch_rows, options)
     cfg = ours.pop("config")
+    kafka = None
+    if options.kafka:
+        _copy_table(seed, work / "kafka" / "table")
+        topic = f"materializer-bench-{root.parent.name}-{name}"
+        with phase("kafka: produce"):
+            result["kafka_produce_seconds"] = produce_topic(options.kafka, topic, options.kafka_partitions, collection.files)
+        with phase("kafka"):
+            kafka = run_ours(spark, work / "kafka", work / "source", work / "kafka" / "table", epoch_rows, options, topic=topic)
+        kafka.pop("config")
     peer = None
     if options.peer:
         with phase("peer"):
@@ -908,6 +958,8 @@ def bench_config(
     counts["bare"] = _count(spark, work / "bare" / "table")
     if peer is not None:
         counts["peer"] = _count(spark, work / "peer" / "table")
+    if kafka is not None:
+        counts["kafka"] = _count(spark, work / "kafka" / "table")
     if recovery is not None:
         recovery["table_rows_after"] = _count(spark, Path(recovery.pop("_table")))
         # The recovery run applies only epoch 1 (kept separate: its expected count is not the final one).
@@ -933,6 +985,14 @@ def bench_config(
     }
     if peer is not None:
         result["peer"] = {"seconds": peer["seconds"], "epochs": peer["epochs"], **_summary(peer["epochs"], big, ("foreach_batch", "total"))}
+    if kafka is not None:
+        result["kafka"] = {
+            "seconds": kafka["seconds"],
+            "epochs": kafka["epochs"],
+            "partitions": options.kafka_partitions,
+            **_summary(kafka["epochs"], big, ("read", "stage", "apply", "total")),
+            "wall_seconds_per_epoch": _wall_per_epoch(kafka["epochs"], big),
+        }
     if replay is not None:
         result["replay"] = replay
     if recovery is not None:
@@ -941,7 +1001,7 @@ def bench_config(
     o, b = result["ours"], result["bare"]
     p = result.get("peer")
     big_rows = epoch_rows
-    for block in [o, b] + ([p] if p else []):
+    for block in [o, b] + ([p] if p else []) + ([result["kafka"]] if "kafka" in result else []):
         median_total = block.get("median_total_seconds")
         block["rows_per_second"] = big_rows / median_total if median_total else None
     result["ratios"] = {
@@ -953,6 +1013,8 @@ def bench_config(
         "ours_over_bare_merge": _ratio(o["median_total_seconds"], b["median_merge_seconds"]),
         "ours_over_peer": _ratio(o["median_total_seconds"], p["median_total_seconds"]) if p else None,
         "one_row_ours_over_peer": _ratio(o["one_row_seconds"], p["one_row_seconds"]) if p else None,
+        # the same documents from a topic vs from files, both ours end to end
+        "kafka_over_files": _ratio(result["kafka"]["median_total_seconds"], o["median_total_seconds"]) if "kafka" in result else None,
     }
     if sampler is not None:
         result["memory"] = {k.split("/", 1)[1]: v for k, v in sampler.peaks.items() if k.startswith(name + "/")}
@@ -1187,6 +1249,10 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("ours rows/s", lambda c: _fmt(c["ours"]["rows_per_second"], "rows/s")),
         ("bare rows/s", lambda c: _fmt(c["bare"]["rows_per_second"], "rows/s")),
         ("peer rows/s", lambda c: _fmt((c.get("peer") or {}).get("rows_per_second"), "rows/s")),
+        ("ours from Kafka: s/epoch end to end", lambda c: _fmt((c.get("kafka") or {}).get("median_total_seconds"))),
+        ("  read (offsets, Spark reads + checks)", lambda c: _fmt((c.get("kafka") or {}).get("median_read_seconds"))),
+        ("ours from Kafka rows/s", lambda c: _fmt((c.get("kafka") or {}).get("rows_per_second"), "rows/s")),
+        ("Kafka / files (ours)", lambda c: _fmt(c["ratios"].get("kafka_over_files"), "x")),
         ("ours / bare", lambda c: _fmt(c["ratios"]["ours_over_bare"], "x")),
         ("ours apply / bare MERGE", lambda c: _fmt(c["ratios"]["ours_apply_over_bare_merge"], "x")),
         ("ours / bare MERGE", lambda c: _fmt(c["ratios"]["ours_over_bare_merge"], "x")),

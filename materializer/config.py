@@ -28,13 +28,28 @@ class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+KAFKA_FIELDS = (
+    "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
+    "on_data_loss",
+)
+"""SourceConfig fields that only the kafka format takes."""
+KAFKA_RESERVED_OPTIONS = (
+    "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
+    "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+    "failondataloss", "kafka.group.id", "groupidprefix", "kafka.enable.auto.commit",
+)
+"""Spark Kafka reader options the source sets itself (the epoch's exact range, data-loss handling)."""
+
+
 class SourceConfig(Model):
-    format: Literal["documents", "cdcv2"]
-    """``documents``: JSON Lines documents; ``cdcv2``: Materialize CDC v2 statements."""
-    path: str
-    """Folder (or S3 prefix) holding the source's files."""
+    format: Literal["documents", "cdcv2", "kafka"]
+    """``documents``: JSON Lines documents; ``cdcv2``: Materialize CDC v2 statements; ``kafka``: a
+    Kafka topic's records (see ``payload``)."""
+    path: str | None = None
+    """documents and cdcv2: folder (or S3 prefix) holding the source's files."""
     schema_: str | None = Field(default=None, alias="schema")
-    """documents only: the documents' fields as Spark DDL (``id BIGINT, name STRING, at TIMESTAMP``).
+    """documents (and kafka's documents payload): the documents' fields as Spark DDL (``id BIGINT,
+    name STRING, at TIMESTAMP``).
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
@@ -44,23 +59,120 @@ class SourceConfig(Model):
     max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
     """documents only: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
     taken whole. 512 MiB holds a million documents of up to ~500 bytes."""
+    bootstrap_servers: str | None = None
+    """kafka: the brokers, ``host:9092[,host2:9092]`` (Spark's ``kafka.bootstrap.servers``)."""
+    topic: str | None = None
+    """kafka: the topic to read (or ``topics`` for several)."""
+    topics: list[str] | None = Field(default=None, min_length=1)
+    """kafka: several topics read as one collection."""
+    starting: Any = "earliest"
+    """kafka: where a new pipeline starts: ``earliest``, ``latest``, ``{timestamp: <epoch ms>}`` (the
+    first record at or after it, per partition), or offsets ``{topic: {partition: offset}}``
+    (partitions not listed start at their earliest). Once an epoch is committed the recovery log's
+    offsets are the only position used."""
+    max_records: int | None = Field(default=None, gt=0)
+    """kafka: most records one epoch takes, shared among partitions in proportion to their backlog
+    (Spark's maxOffsetsPerTrigger); default ``transaction.max_documents``."""
+    payload: Literal["documents", "debezium", "cdcv2"] = "documents"
+    """kafka: what a record's value holds: ``documents`` (a JSON document, as the documents source
+    reads), ``debezium`` (a Debezium change event, JSON, with or without its schema envelope);
+    ``cdcv2`` is not built yet."""
+    key_from: Literal["value", "message"] = "value"
+    """kafka, documents payload: where the key fields are. ``value``: in the document. ``message``: in
+    the record's key, a JSON object of the key fields (``{"id": 17}``, as Kafka Connect's JSON
+    converter writes it, with or without its schema envelope), or with one key field any JSON
+    scalar or plain text; a record with a null value (a tombstone) then deletes that key."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """kafka: options handed to Spark's Kafka reader as they are, e.g. security
+    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``)."""
+    client_options: dict[str, str] = Field(default_factory=dict)
+    """kafka: librdkafka settings of the driver's offset look-ups (the Python admin client), e.g.
+    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``; ``bootstrap.servers`` is set."""
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    """kafka: records the pipeline had not read that the broker no longer has (retention, deleted
+    records). ``fail`` stops the run naming the partition and offsets; ``skip`` goes on from the
+    earliest offset still there and logs a warning naming what was lost."""
 
     @property
     def schema_ddl(self) -> str | None:
         return self.schema_
 
+    @property
+    def topic_names(self) -> list[str]:
+        """kafka: the topics read, in order."""
+        return [self.topic] if self.topic is not None else list(self.topics or [])
+
     @model_validator(mode="after")
     def _schema_only_for_documents(self) -> "SourceConfig":
-        if self.schema_ is not None and self.format != "documents":
-            raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
+        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload == "documents")
+        if self.schema_ is not None and not documents_like:
+            raise ValueError("schema is only for documents (the documents format, or kafka's documents payload)")
         defaults = SourceConfig.model_fields
         if self.format != "documents" and (
             self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
         ):
-            raise ValueError("max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents)")
+            raise ValueError(
+                "max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents, "
+                "kafka max_records)"
+            )
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
         return self
+
+    @model_validator(mode="after")
+    def _kafka_fields(self) -> "SourceConfig":
+        if self.format != "kafka":
+            given = [name for name in KAFKA_FIELDS if name in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for the kafka format (this source is {self.format})")
+            if self.path is None:
+                raise ValueError(f"path is required for the {self.format} format: the folder (or S3 prefix) of its files")
+            return self
+        if self.path is not None:
+            raise ValueError("path is not for the kafka format: give bootstrap_servers and topic (or topics)")
+        if not self.bootstrap_servers:
+            raise ValueError("bootstrap_servers is required for the kafka format, e.g. 'broker1:9092,broker2:9092'")
+        if (self.topic is None) == (self.topics is None):
+            raise ValueError("give exactly one of topic (one topic) or topics (a list)")
+        names = self.topic_names
+        if len(set(names)) != len(names) or any(not n for n in names):
+            raise ValueError(f"topics must be distinct, non-empty names: {names}")
+        if self.payload == "cdcv2":
+            raise ValueError(
+                "payload cdcv2 is not built yet for kafka: write the CDC v2 statements to files and use format cdcv2, "
+                "or use payload documents / debezium"
+            )
+        if self.key_from == "message" and self.payload != "documents":
+            raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
+        _check_starting(self.starting, names)
+        for key in self.options:
+            if key.lower() in KAFKA_RESERVED_OPTIONS:
+                raise ValueError(
+                    f"options.{key}: the kafka source sets this itself (the epoch's exact offsets, data-loss checks); "
+                    "use bootstrap_servers, topic(s), starting and on_data_loss instead"
+                )
+        return self
+
+
+def _check_starting(starting: Any, topics: list[str]) -> None:
+    """``earliest``, ``latest``, ``{timestamp: ms}`` or ``{topic: {partition: offset}}``."""
+    if starting in ("earliest", "latest"):
+        return
+    hint = "starting must be 'earliest', 'latest', {timestamp: <epoch milliseconds>} or {<topic>: {<partition>: <offset>}}"
+    if not isinstance(starting, dict) or not starting:
+        raise ValueError(f"{hint}; found {starting!r}")
+    if set(starting) == {"timestamp"}:
+        if not isinstance(starting["timestamp"], int) or isinstance(starting["timestamp"], bool) or starting["timestamp"] < 0:
+            raise ValueError(f"{hint}; the timestamp must be a whole number of milliseconds, found {starting['timestamp']!r}")
+        return
+    for topic, offsets in starting.items():
+        if topic not in topics:
+            raise ValueError(f"{hint}; {topic!r} is not one of the source's topics {topics}")
+        if not isinstance(offsets, dict):
+            raise ValueError(f"{hint}; starting.{topic} must map partitions to offsets")
+        for partition, offset in offsets.items():
+            if not str(partition).isdigit() or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"{hint}; starting.{topic}: partition {partition!r} -> {offset!r} is not a partition number and an offset >= 0")
 
 
 class BindingConfig(Model):

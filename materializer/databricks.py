@@ -76,7 +76,7 @@ def cluster_session(config: "PipelineConfig") -> "SparkSession":
     from materializer.spark import build_session
     from materializer.storage import is_s3
 
-    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings]
+    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings if b.source.path is not None]
     return build_session(config.spark.master, dict(config.spark.conf), s3=any(is_s3(u) for u in uris))
 
 

@@ -181,6 +181,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     batches = {}
     for binding in config.bindings:
         source = open_source(binding, staging)
+        # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
         batch = source.next_batch(
             spark, rewind.get(binding.name), config.transaction.max_documents,
             f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",

@@ -40,6 +40,44 @@ HADOOP_AWS_VERSION = _bundled_hadoop_version()
 DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_VERSION}_{SCALA_VERSION}:{DELTA_VERSION}"
 HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}"
 
+# --- Kafka (issue 17): the connector's jars when a binding reads a topic --------------------------
+# One separate spot for whoever moves package resolution elsewhere (jars.py): the connector matches
+# pyspark's exact version. Its dependency spark-token-provider-kafka-0-10 is published on Maven
+# Central only up to 4.0.0 as this registry serves it (4.2.0's pom and jar are 404), so Ivy fails
+# resolving the connector: the token provider is excluded from the resolve and its 4.0.0 jar (the
+# same classes: KafkaConfigUpdater, KafkaTokenUtil) is fetched once with Spark's own Ivy jar into
+# the same cache and put on the class path. Where 4.2.0 resolves, drop KAFKA_TOKEN_PROVIDER.
+def _pyspark_version(default: str = "4.2.0") -> str:
+    try:
+        import pyspark
+
+        return pyspark.__version__
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return default
+
+
+KAFKA_PACKAGE = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_VERSION}:{_pyspark_version()}"
+KAFKA_TOKEN_PROVIDER = ("org.apache.spark", f"spark-token-provider-kafka-0-10_{SCALA_VERSION}", "4.0.0")
+
+
+def kafka_conf() -> dict[str, str]:
+    """Settings that put Spark's Kafka connector on a session being built (beside ``KAFKA_PACKAGE``)."""
+    import subprocess
+
+    group, artifact, version = KAFKA_TOKEN_PROVIDER
+    jar = ivy_cache() / "jars" / f"{group}_{artifact}-{version}.jar"
+    if not jar.exists():
+        import pyspark
+
+        ivy_jar = next((Path(pyspark.__file__).parent / "jars").glob("ivy-*.jar"))
+        subprocess.run(
+            ["java", "-jar", str(ivy_jar), "-cache", str(ivy_cache() / "cache"), "-dependency", group, artifact, version,
+             "-notransitive", "-confs", "default", "-retrieve", str(ivy_cache() / "jars" / "[organisation]_[artifact]-[revision].[ext]")],
+            stdout=sys.stderr, stderr=sys.stderr, check=True, timeout=600,
+        )
+    return {"spark.jars.excludes": f"{group}:{artifact}", "spark.jars": str(jar)}
+
+
 # Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
 # documents bring; the txn confs are set per apply by the driver, never here.
 BASE_CONF = {
@@ -74,14 +112,16 @@ def build_session(
     *,
     app_name: str = "materializer",
     s3: bool = False,
+    kafka: bool = False,
 ) -> "SparkSession":
-    """Return the active session, or start one with Delta (and hadoop-aws when ``s3``)."""
+    """Return the active session, or start one with Delta (and hadoop-aws when ``s3``, Spark's Kafka
+    connector when ``kafka``)."""
     existing = active_session()
     if existing is not None:
         return existing
     from pyspark.sql import SparkSession
 
-    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else [])
+    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else []) + ([KAFKA_PACKAGE] if kafka else [])
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = dict(BASE_CONF)
     settings["spark.jars.packages"] = ",".join(packages)
@@ -93,7 +133,13 @@ def build_session(
         settings["spark.driver.bindAddress"] = host
     if s3:
         settings.update(s3a_conf())
+    kafka_settings = kafka_conf() if kafka else {}
+    settings.update(kafka_settings)
     settings.update(conf or {})
+    for key, value in kafka_settings.items():
+        # A user's own spark.jars / spark.jars.excludes are kept beside the connector's, not in place of them.
+        if key in (conf or {}) and value not in settings[key].split(","):
+            settings[key] = f"{settings[key]},{value}"
     for key, value in settings.items():
         builder = builder.config(key, value)
     # The JVM inherits our stdout, and Spark's jar resolver prints its report there: start it with

@@ -3,7 +3,8 @@
 A source turns its runtime checkpoint into the next batch of documents, as a DataFrame with the
 document's fields plus two columns the runtime relies on: ``_op`` ('u' upsert, 'd' delete) and
 ``_seq`` (order within the batch; later wins). ``_seq`` is any orderable Spark type, unique per
-document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents; reductions
+document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents,
+``struct(topic, partition, offset)`` for kafka; reductions
 compare it as it is and never cast it. The checkpoint after the batch is returned with it
 and committed with the epoch, never before.
 """
@@ -39,7 +40,8 @@ class SourceBatch:
     """Turns a Spark failure while the batch's rows are computed into an error naming the source
     file and line (None: not about this batch's input)."""
     lag: dict[str, int] | None = None
-    """What the source still holds after this batch: ``{"files": n, "bytes": n}`` (None: unknown)."""
+    """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
+    ``{"records": n}`` (None: unknown)."""
 
 
 class Source(ABC):
@@ -69,4 +71,8 @@ def open_source(binding: BindingConfig, spool: Store) -> Source:
         from materializer.sources.cdcv2 import CdcV2Source
 
         return CdcV2Source(binding, spool)
+    if binding.source.format == "kafka":
+        from materializer.sources.kafka import KafkaSource
+
+        return KafkaSource(binding, spool)
     raise ValueError(binding.source.format)

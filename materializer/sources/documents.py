@@ -583,7 +583,7 @@ class _Reader:
         ).first()
         assert row is not None
         if row["bad"]:
-            raise self._located(checked, row["first"]["file"], int(row["bad"]), None)
+            raise self._located(checked, row["first"], int(row["bad"]), None)
         if row["n"] == 0:
             from pyspark.sql import types as T
 
@@ -623,7 +623,7 @@ class _Reader:
             before, merged = merged, (shape if merged is None else _merge(merged, shape))
             if alone or (self.declared is None and shape_problems(merged)):
                 found = alone or [_conflict(before, shape, "") or shape_problems(merged)[0]]
-                return self._located(checked, item["first"]["file"], None, item["shape"], found)
+                return self._located(checked, item["first"], None, item["shape"], found)
         return SourceError(
             f"{self.store.uri}: the documents of this transaction cannot make one table: {'; '.join(problems)}. "
             + self._hint()
@@ -636,11 +636,13 @@ class _Reader:
         )
 
     def _located(
-        self, checked: "DataFrame", name: str, bad: int | None, shape: str | None, problems: list[str] | None = None
+        self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None
     ) -> SourceError:
-        """The error naming the first bad lines of file ``name``: its lines numbered (in Spark)."""
+        """The error naming the first bad lines of the file of ``first`` (the ``_seq`` of the first
+        bad document): its lines numbered (in Spark). The kafka source names records instead."""
         from pyspark.sql import functions as F
 
+        name = first["file"]
         lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
         lines = lines.withColumn("__problem", self.problem())
         if shape is not None:
