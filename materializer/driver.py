@@ -546,6 +546,7 @@ class DeltaDriver(Driver):
 
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
+        df = _without_void(df)
         df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
             self.staging.spark_path(path)
         )
@@ -555,6 +556,41 @@ class DeltaDriver(Driver):
             self.staging.delete_prefix(path)
             return None
         return StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+
+
+def _void_as_string(dtype: Any) -> Any:
+    """``dtype`` with every VOID (NullType) inside it made STRING; None if it holds no VOID."""
+    from pyspark.sql.types import ArrayType, MapType, NullType, StringType, StructField, StructType
+
+    if isinstance(dtype, NullType):
+        return StringType()
+    if isinstance(dtype, StructType):
+        fields = [_void_as_string(f.dataType) for f in dtype.fields]
+        if all(f is None for f in fields):
+            return None
+        return StructType(
+            [StructField(f.name, new or f.dataType, f.nullable) for f, new in zip(dtype.fields, fields)]
+        )
+    if isinstance(dtype, ArrayType):
+        element = _void_as_string(dtype.elementType)
+        return None if element is None else ArrayType(element, dtype.containsNull)
+    if isinstance(dtype, MapType):
+        value = _void_as_string(dtype.valueType)
+        return None if value is None else MapType(dtype.keyType, value, dtype.valueContainsNull)
+    return None
+
+
+def _without_void(df: "DataFrame") -> "DataFrame":
+    """Parquet cannot hold a VOID column (a field NULL in the whole epoch, inside a struct): stage
+    it as a STRING column of NULLs, which the MERGE's alignment casts to the table's type."""
+    from pyspark.sql import functions as F
+
+    changed = {f.name: _void_as_string(f.dataType) for f in df.schema.fields}
+    if all(t is None for t in changed.values()):
+        return df
+    return df.select(
+        *[F.col(quote(name)).cast(t).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
+    )
 
 
 def _shape(schema: Any) -> list[tuple[str, str]]:

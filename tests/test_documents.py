@@ -202,7 +202,7 @@ def test_types_are_inferred_as_json_inference_did_and_a_null_field_carries_no_ty
     assert batch is not None and batch.count == 2
     types = {f.name: f.dataType.simpleString() for f in batch.documents.schema.fields}
     assert types == {
-        "big": "decimal(24,0)", "id": "bigint", "n": "bigint", "o": "struct<s:string,z:string>",
+        "big": "decimal(24,0)", "id": "bigint", "n": "bigint", "o": "struct<s:string,z:void>",
         "t": "array<bigint>", "x": "double", "_op": "string",
         "_seq": "struct<file:string,block:bigint,row:bigint>",
     }

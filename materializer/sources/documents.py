@@ -344,7 +344,10 @@ def inferred_type(shape: Shape, top: bool = True) -> "DataType":
             fields.append(T.StructField(name, inferred_type(inner, top=False), True))  # type: ignore[arg-type]
         return T.StructType(fields)
     if shape == "VOID":
-        return T.StringType()  # deeper down, JSON inference's string, as before
+        # Deeper down a NULL-only sub-field stays in its struct (an object with a NULL field is not
+        # a NULL object), typed VOID: a NULL carries no type, so it fits whatever the table holds
+        # there (staging writes it as a string column of NULLs; the MERGE casts it to the table's).
+        return T.NullType()
     return {
         "BIGINT": T.LongType(), "INT": T.LongType(), "SMALLINT": T.LongType(), "TINYINT": T.LongType(),
         "DOUBLE": T.DoubleType(), "FLOAT": T.DoubleType(), "BOOLEAN": T.BooleanType(), "STRING": T.StringType(),
@@ -685,7 +688,7 @@ class _Reader:
     def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
         from pyspark.sql import functions as F
 
-        doc = F.col("__v").cast(schema) if schema.fields else None
+        doc = _with_void(F.col("__v").cast(_void_as(schema)), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
         columns = [] if doc is None else [doc[f.name].alias(f.name) for f in schema.fields]
         return parsed.select(*columns, op.alias(OP), F.col(SEQ))
@@ -700,6 +703,49 @@ class _Reader:
             f"{self.store.uri}: a value of this transaction's documents does not fit source.schema: "
             f"{first.strip().split(' SQLSTATE')[0]} Fix the document, or change source.schema. {self._hint()}"
         )
+
+
+def _void_as(dtype: Any) -> Any:
+    """``dtype`` with VOID made STRING: a VARIANT cannot be cast to VOID (see :func:`_with_void`)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return T.StringType()
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, _void_as(f.dataType), f.nullable) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(_void_as(dtype.elementType), dtype.containsNull)
+    return dtype
+
+
+def _holds_void(dtype: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return True
+    if isinstance(dtype, T.StructType):
+        return any(_holds_void(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, T.ArrayType):
+        return _holds_void(dtype.elementType)
+    return False
+
+
+def _with_void(column: "Column", dtype: Any) -> "Column":
+    """``column`` (cast to ``_void_as(dtype)``) with its NULL-only sub-fields typed VOID again."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return F.lit(None)
+    if isinstance(dtype, T.StructType):
+        for field in dtype.fields:
+            if _holds_void(field.dataType):
+                # withField keeps a NULL struct NULL and replaces only this sub-field.
+                column = column.withField(field.name, _with_void(column[field.name], field.dataType))
+        return column
+    if isinstance(dtype, T.ArrayType) and _holds_void(dtype.elementType):
+        return F.transform(column, lambda element: _with_void(element, dtype.elementType))
+    return column
 
 
 def _conflict(before: Shape, shape: Shape, path: str) -> str | None:
