@@ -102,6 +102,8 @@ class Runtime:
                 reductions.check_supported(binding)
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
+        from pyspark.sql import functions as F
+
         started = time.monotonic()
         # Before the log is opened (so a wrong configuration fences no running writer).
         self._check_distinct_tables()
@@ -186,8 +188,6 @@ class Runtime:
                         break
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
-
-                from pyspark.sql import functions as F
 
                 new_checkpoint = dict(runtime_checkpoint)
                 for name, batch in batches.items():
