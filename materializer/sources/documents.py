@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 from urllib.parse import unquote
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from materializer.errors import ConfigError, SourceError
