@@ -372,3 +372,19 @@ def test_a_field_null_in_a_whole_epoch_lands_as_null_in_a_typed_column(spark: An
     assert {f.name: f.dataType.simpleString() for f in table.schema.fields} == {"id": "bigint", "n": "bigint", "o": "struct<x:bigint>"}
     rows = {r["id"]: r.asDict(recursive=True) for r in table.collect()}
     assert rows == {1: {"id": 1, "n": None, "o": None}, 2: {"id": 2, "n": None, "o": {"x": None}}, 3: {"id": 3, "n": 7, "o": None}}
+
+
+@pytest.mark.parametrize("names", [("a b.jsonl", "a!b.jsonl"), ("x+1.jsonl", "x,1.jsonl"), ("p%1.jsonl", "p-1.jsonl")])
+def test_last_write_wins_in_name_order_whatever_the_names_encode_to(spark: Any, tmp_path: Path, names: tuple[str, str]) -> None:
+    from materializer import reductions
+
+    first, second = sorted(names)
+    write(tmp_path / "src" / first, ['{"id": 1, "v": 1}', '{"id": 2, "v": 1}'])
+    write(tmp_path / "src" / second, ['{"id": 1, "v": 2}', '{"id": 2, "bad": }'])
+    with pytest.raises(SourceError, match=f"{second}:2: not valid JSON"):
+        source(tmp_path).next_batch(spark, None, 100, "x")
+    write(tmp_path / "src" / second, ['{"id": 1, "v": 2}'])
+    batch = source(tmp_path).next_batch(spark, None, 100, "x")
+    assert batch is not None
+    rows = {r["id"]: r["v"] for r in reductions.combine(batch.documents, make_binding(tmp_path)).collect()}
+    assert rows == {1: 2, 2: 1}

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from urllib.parse import unquote
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from materializer.errors import ConfigError, SourceError
@@ -443,6 +444,8 @@ class _Reader:
         self.keys = keys
         self.declared = declared
         self.resume_from = checkpoint
+        self.names: dict[str, str] = {}
+        """The file names behind ``_seq.file`` values (the last segment of Spark's path URI)."""
         self.done: dict[str, int] = {}
         """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
 
@@ -456,9 +459,18 @@ class _Reader:
         # a stray "\r" is whitespace to the JSON parser.
         raw = self.spark.read.option("lineSep", "\n").text(paths)
         path = F.col("_metadata.file_path")
-        # The file's name from Spark's path URI: the last segment, percent-decoded ("+" is literal
-        # in a URI path, so it is protected from url_decode's form decoding).
-        name = F.url_decode(F.replace(F.element_at(F.split(path, "/"), -1), F.lit("+"), F.lit("%2B")))
+        # _seq's file is Spark's path URI as it is (a per-file constant, no work per line) when
+        # those sort as the names do: the files share one folder, so only percent-encoding could
+        # change the order. Spark's URIs are known on the driver without reading a file.
+        encoded = {unquote(uri.rsplit("/", 1)[-1]): uri.rsplit("/", 1)[-1] for uri in raw.inputFiles()}
+        if set(encoded) == set(names) and sorted(names, key=lambda n: encoded[n]) == sorted(names):
+            name = path
+            self.names.update({encoded[n]: n for n in names})
+        else:
+            # Names whose encoding sorts otherwise: the name itself, decoded per line ("+" is
+            # literal in a URI path, so it is protected from url_decode's form decoding).
+            name = F.url_decode(F.replace(F.substring_index(path, "/", -1), F.lit("+"), F.lit("%2B")))
+            self.names.update({n: n for n in names})
         return raw.select(
             F.col("value"),
             F.struct(
@@ -486,8 +498,9 @@ class _Reader:
             info, done = plan.resume
             self.done[info.path] = done
             rest = self.numbered(info.path).where(F.col("line") > done)
+            self.names[""] = info.path  # sorts before every whole file's
             parts.append(
-                rest.select("value", F.struct(F.lit(info.path).alias("file"), F.lit(0).cast("long").alias("block"), F.col("line").cast("long").alias("row")).alias(SEQ))
+                rest.select("value", F.struct(F.lit("").alias("file"), F.lit(0).cast("long").alias("block"), F.col("line").cast("long").alias("row")).alias(SEQ))
             )
         if plan.files:
             parts.append(self._text([f.path for f in plan.files]))
@@ -598,6 +611,10 @@ class _Reader:
         schema = self.declared if self.declared is not None else inferred_type(shape)
         return int(row["n"]), schema  # type: ignore[return-value]
 
+    def _name(self, file: str) -> str:
+        """The file name behind a ``_seq.file`` value."""
+        return self.names.get(file) or self.names.get(file.rsplit("/", 1)[-1]) or unquote(file.rsplit("/", 1)[-1])
+
     def _single_problems(self, shape: Shape) -> list[str]:
         """What no table can take in ``shape``; with a declared schema, also what does not fit it
         (a STRING column takes values of any kind, so mixed kinds are the declaration's to judge)."""
@@ -645,7 +662,7 @@ class _Reader:
         bad document): its lines numbered (in Spark). The kafka source names records instead."""
         from pyspark.sql import functions as F
 
-        name = first["file"]
+        name = self._name(first["file"])
         lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
         lines = lines.withColumn("__problem", self.problem())
         if shape is not None:
