@@ -63,3 +63,12 @@ class StorageError(MaterializerError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class StartupError(MaterializerError):
+    """Spark could not be started: no Java, a Java it cannot run on, or its jars not reachable.
+
+    Nothing was read or written; the message names the cause and the fix.
+    """
+
+    exit_code = 9
