@@ -56,14 +56,21 @@ class ListCollector(Collector):
 
 
 class Tee(Collector):
-    """Sends each event to several collectors, in order."""
+    """Sends each event to several collectors, in order.
+
+    A consumer that fails (a full disk under a metrics file, a closed pipe) is logged and
+    skipped: reporting must never fail the epoch it reports on.
+    """
 
     def __init__(self, *collectors: Collector) -> None:
         self.collectors = [c for c in collectors if c is not None]
 
     def event(self, name: str, **fields: Any) -> None:
         for collector in self.collectors:
-            collector.event(name, **fields)
+            try:
+                collector.event(name, **fields)
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                log.warning("progress: %s could not take the %r event: %s", type(collector).__name__, name, exc)
 
 
 def utc_now() -> str:
