@@ -221,12 +221,13 @@ def _last_problem(log_path: Path) -> str:
     except OSError:
         return ""
     start = max((i for i, line in enumerate(lines) if line.startswith("=== ")), default=0)
-    wanted = [
-        line.strip()
-        for line in lines[start:]
-        if "UNRESOLVED" in line or "not found" in line or "SERVER ERROR" in line or "Exception" in line
-    ]
-    return "; ".join(list(dict.fromkeys(w for w in wanted if w))[:4])
+    tail = [line.strip() for line in lines[start:]]
+    # The server's answer says most (connection refused, 401, unknown host); then what was missing.
+    for marker in ("Server access error", "SERVER ERROR", "module not found", "download failed", "Exception"):
+        found = [line for line in tail if marker in line]
+        if found:
+            return found[0]
+    return ""
 
 
 def java_missing_message(java: str) -> str:
