@@ -1,0 +1,57 @@
+"""``materializer status`` reads path tables with delta-rs: no JVM, well under a second."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.config import load_config
+from materializer.delta import TableRef, read_txn_without_spark, table_state
+from materializer.runtime import Runtime
+from materializer.status import pipeline_status
+from tests.helpers import binding, run_cli, write_config, write_jsonl
+
+pytestmark = pytest.mark.spark
+
+
+def _no_spark() -> Any:
+    raise AssertionError("status started Spark for a path table")
+
+
+def test_status_of_path_tables_needs_no_spark_and_agrees_with_it(spark: Any, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", [{"id": i, "v": i} for i in range(7)])
+    config = load_config(
+        write_config(
+            tmp_path,
+            [binding("items", src, tmp_path / "tables" / "items"), binding("never", tmp_path / "empty", tmp_path / "tables" / "never")],
+            pipeline_id="fast-status",
+            max_documents=3,
+        )
+    )
+    (tmp_path / "empty").mkdir()
+    Runtime(config, spark).run()
+    for table in (tmp_path / "tables" / "items", tmp_path / "tables" / "never"):
+        ref = TableRef(str(table))
+        assert read_txn_without_spark(ref, "fast-status") == table_state(spark, ref, "fast-status")
+    assert read_txn_without_spark(TableRef(str(tmp_path / "tables" / "items")), "another-pipeline").txn_version is None
+    assert read_txn_without_spark(TableRef("main.sales.orders"), "fast-status") is None  # a catalog name: Spark's
+
+    st = pipeline_status(config, _no_spark)
+    assert st.last_epoch == 3 and st.agrees
+    items, never = st.tables
+    assert (items.exists, items.recorded_epoch, items.note) == (True, 3, "up to date")
+    assert (never.exists, never.recorded_epoch) == (False, None)
+
+    # The command, in a process of its own: no JVM, so it answers in well under the JVM's start-up.
+    started = time.monotonic()
+    result = run_cli("status", "--config", str(tmp_path / "pipeline.yaml"), "--json", timeout=120)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["tables"][0]["recorded_epoch"] == 3
+    assert result.stderr == ""
+    assert elapsed < 5, elapsed  # about 0.3 s idle; a JVM start alone is 10+ s on this machine
