@@ -109,3 +109,15 @@ def test_a_run_reports_the_merge_counts_of_each_epoch(spark: Any, tmp_path: Path
     (replayed,) = [f["record"] for f in again.named("progress")]
     assert replayed.reapplied and replayed.epoch == 2
     assert (replayed.applied, replayed.skipped, replayed.inserted) == (0, 2, 0)
+
+
+def test_the_databricks_job_prints_each_record_as_a_timed_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from materializer.databricks import _Log
+
+    tracker = ProgressTracker(_Log(), "p")
+    _feed(tracker, 3)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["event"] for line in lines] == ["committed", "applied", "applied", "progress"]
+    assert all("at" in line for line in lines)
+    progress = lines[-1]
+    assert progress["epoch"] == 3 and progress["inserted"] == 2 and progress["phase_seconds"]["stage"] == 1.5
