@@ -118,6 +118,6 @@ def test_the_databricks_job_prints_each_record_as_a_timed_json_line(capsys: pyte
     _feed(tracker, 3)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["event"] for line in lines] == ["committed", "applied", "applied", "progress"]
-    assert all("at" in line for line in lines)
+    assert all("at" in line for line in lines[:-1]) and lines[-1]["applied_at"] == "t2"
     progress = lines[-1]
     assert progress["epoch"] == 3 and progress["inserted"] == 2 and progress["phase_seconds"]["stage"] == 1.5
