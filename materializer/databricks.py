@@ -3,7 +3,7 @@
 The bundle (``conf/databricks.yml``) declares::
 
     python_wheel_task:
-      package_name: materializer
+      package_name: delta_materializer       # the distribution (pyproject.toml [project] name)
       entry_point: materializer_job          # [project.scripts] in pyproject.toml
       parameters: ["--config", "/Volumes/<catalog>/<schema>/<volume>/orders.yaml"]
 

@@ -16,6 +16,7 @@ Later sessions read the manifest and pass the paths as ``spark.jars``: no resolu
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -148,6 +149,29 @@ def resolve(
         return Resolution(jars, False, time.monotonic() - started)
 
     cache.mkdir(parents=True, exist_ok=True)
+    # Two first runs at once (tests, a cron and a shell) must not both write Ivy's cache: the
+    # second waits for the first, then finds its manifest.
+    with open(cache / ".resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        jars = read_manifest(manifest)
+        if jars is not None:
+            return Resolution(jars, False, time.monotonic() - started)
+        return _resolve_locked(packages, cache, manifest, key, excluded, started, java=java, repo=repo, verbose=verbose, report=report)
+
+
+def _resolve_locked(
+    packages: Sequence[str],
+    cache: Path,
+    manifest: Path,
+    key: str,
+    excluded: Sequence[str],
+    started: float,
+    *,
+    java: str,
+    repo: str,
+    verbose: bool,
+    report: Callable[[str], None] | None,
+) -> Resolution:
     work = cache / f"resolve-{key}"
     work.mkdir(exist_ok=True)
     (work / "ivysettings.xml").write_text(_ivy_settings(cache, repo))
@@ -204,7 +228,7 @@ def resolve(
     missing = [j for j in jars if not Path(j).is_file()]
     if not jars or missing:
         raise StartupError(unreachable_message(packages, repo, log_path, f"missing after resolution: {missing[:3]}"))
-    tmp = manifest.with_suffix(".tmp")
+    tmp = manifest.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, "packages": list(packages), "repo": repo, "jars": jars}, indent=1))
     os.replace(tmp, manifest)
     shutil.rmtree(work, ignore_errors=True)

@@ -154,7 +154,7 @@ def quiet_log4j_file(cache: Path) -> Path:
     path = cache / "log4j2-quiet.properties"
     if not path.is_file() or path.read_text() != QUIET_LOG4J2:
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # per process: two first runs may race here
         tmp.write_text(QUIET_LOG4J2)
         os.replace(tmp, path)
     return path

@@ -132,6 +132,23 @@ def test_a_first_resolution_reads_only_the_mirror_and_skips_what_pyspark_ships(t
     assert time.monotonic() - started < 1
 
 
+def test_two_first_runs_at_once_resolve_once(tmp_path: Path, mirror: str) -> None:
+    lines: list[str] = []
+    results: list[jars.Resolution] = []
+
+    def first_run() -> None:
+        results.append(jars.resolve(["test.mat:a:1.0"], tmp_path / "cache", repo=mirror, report=lines.append))
+
+    threads = [threading.Thread(target=first_run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == 2 and results[0].jars == results[1].jars
+    assert sorted(r.fetched for r in results) == [False, True]  # the second waited, then used the manifest
+    assert sum(line.startswith("fetching") for line in lines) == 1
+
+
 # --- start-up failures: one paragraph, exit code 9 (the CLI in a subprocess) ----------------------
 
 
