@@ -122,11 +122,15 @@ def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str
         options = delta_rs_storage_options(os.environ if environ is None else environ)
     elif uri.startswith("file:"):
         uri = uri[len("file:") :]
+    from deltalake.exceptions import TableNotFoundError
+
     try:
-        if not RustDeltaTable.is_deltatable(uri, storage_options=options):
-            return TableState(False, None, None)
+        # Opened directly, not after is_deltatable(): one log listing instead of two (and that
+        # call's listing hangs against some S3-compatible servers, moto's among them).
         dt = RustDeltaTable(uri, storage_options=options)
         return TableState(True, int(dt.version()), dt.transaction_version(app_id))
+    except TableNotFoundError:
+        return TableState(False, None, None)
     except Exception:  # noqa: BLE001 - delta-rs cannot read it (a feature, a store): Spark can
         return None
 

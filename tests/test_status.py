@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from materializer.delta import TableRef, read_txn_without_spark, table_state
 from materializer.runtime import Runtime
 from materializer.status import pipeline_status
 from tests.helpers import binding, run_cli, write_config, write_jsonl
+from tests.s3server import s3_bucket, s3_env, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
 
@@ -55,3 +57,27 @@ def test_status_of_path_tables_needs_no_spark_and_agrees_with_it(spark: Any, tmp
     assert json.loads(result.stdout)["tables"][0]["recorded_epoch"] == 3
     assert result.stderr == ""
     assert elapsed < 5, elapsed  # about 0.3 s idle; a JVM start alone is 10+ s on this machine
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_an_s3_table_is_read_with_the_aws_environment(s3_bucket: str) -> None:
+    # Written by delta-rs itself (no Spark needed): a table whose one commit carries a txn.
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from materializer.delta import delta_rs_storage_options
+
+    options = delta_rs_storage_options(os.environ)
+    assert options["aws_endpoint_url"].startswith("http://127.0.0.1") and options["aws_allow_http"] == "true"
+    uri = f"s3://{s3_bucket}/tables/items"
+    data = pa.table({"id": [1, 2]})
+    write_deltalake(uri, data, storage_options=options)
+    write_deltalake(
+        uri, data, mode="append", storage_options=options,
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id="s3-pipeline", version=7)]),
+    )
+    # As a binding names it (s3a://), with the credentials and endpoint from the environment only.
+    state = read_txn_without_spark(TableRef(f"s3a://{s3_bucket}/tables/items"), "s3-pipeline")
+    assert state is not None and (state.exists, state.version, state.txn_version) == (True, 1, 7)
+    missing = read_txn_without_spark(TableRef(f"s3a://{s3_bucket}/tables/none"), "s3-pipeline")
+    assert missing is not None and not missing.exists
