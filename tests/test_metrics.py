@@ -98,3 +98,30 @@ def test_the_endpoint_is_scraped_over_loopback_during_a_following_run(spark: Any
     assert samples[("materializer_merge_rows_total", (("action", "deleted"), b, p))] == 1
     assert samples[("materializer_applies_total", (b, p, ("status", "applied")))] == 2
     assert samples[("materializer_phase_seconds_count", (("phase", "log_commit"), p))] == 2
+
+
+def test_a_one_shot_run_pushes_to_a_gateway(tmp_path: Path) -> None:
+    import http.server
+
+    received: list[tuple[str, str, bytes]] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+            received.append((self.command, self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        metrics = PrometheusCollector("p")
+        _feed(ProgressTracker(metrics, "p"), 1)
+        metrics.push(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    ((method, path, body),) = received
+    assert (method, path) == ("PUT", "/metrics/job/materializer/pipeline/p")
+    assert 'materializer_epochs_total{pipeline="p"} 1.0' in body.decode()

@@ -214,9 +214,15 @@ def test_a_jvm_that_exits_while_starting_is_quoted_not_a_traceback(tmp_path: Pat
 
 
 @pytest.mark.spark
-def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipeline: Path) -> None:
-    result = run_cli("run", "--config", str(pipeline))
+def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipeline: Path, tmp_path: Path) -> None:
+    prom = tmp_path / "metrics.prom"
+    result = run_cli("run", "--config", str(pipeline), "--events", "jsonl", "--metrics-file", str(prom))
     assert result.returncode == 0, result.stderr[-3000:]
+    # stdout carries the JSON lines only: opened, epoch 1's progress record, finished.
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["opened", "progress", "finished"]
+    assert events[1]["epoch"] == 1 and events[1]["inserted"] == 1 and events[-1]["last_epoch"] == 1
+    assert 'materializer_epochs_total{pipeline="test-pipeline"} 1.0' in prom.read_text()
     err = result.stderr
     # Only our own lines: no Ivy report, no log4j warnings, no JVM notice.
     for noise in (":: loading settings", ":: resolving", "found io.delta", "WARN", "INFO", "log4j", "SparkContext"):
