@@ -135,6 +135,15 @@ def _metrics(pipeline_id: str, port: int | None, host: str, textfile: Path | Non
     return metrics
 
 
+def _stop(spark: Any) -> None:
+    """Stop the session we started before exiting: its JVM no longer shares our stderr (see
+    spark.py), so without this the command could end while the JVM is still shutting down (a
+    cluster would list the application as running for a while)."""
+    from materializer.spark import stop_session
+
+    stop_session(spark)
+
+
 def _push(metrics: Any, gateway: str) -> None:
     try:
         metrics.push(gateway)
@@ -191,8 +200,11 @@ def run(
             stop["requested"] = True
 
         signal.signal(signal.SIGTERM, request_stop)
-        runtime = Runtime(cfg, spark, collector)
-        summary = runtime.run(follow=follow, max_epochs=max_epochs, should_stop=lambda: stop["requested"])
+        try:
+            runtime = Runtime(cfg, spark, collector)
+            summary = runtime.run(follow=follow, max_epochs=max_epochs, should_stop=lambda: stop["requested"])
+        finally:
+            _stop(spark)
         if metrics is not None and metrics_push:
             _push(metrics, metrics_push)
     except MaterializerError as exc:
@@ -242,7 +254,17 @@ def status(
         from materializer.status import pipeline_status
 
         # Path tables are read by delta-rs; Spark starts only for a table that needs it (a catalog name).
-        st = pipeline_status(cfg, lambda: _session(cfg, None))
+        started: list[Any] = []
+
+        def start_spark() -> Any:
+            started.append(_session(cfg, None))
+            return started[0]
+
+        try:
+            st = pipeline_status(cfg, start_spark)
+        finally:
+            for spark in started:
+                _stop(spark)
     except MaterializerError as exc:
         _fail(exc)
         return

@@ -213,6 +213,14 @@ def build_session(
     return session
 
 
+def stop_session(session: "SparkSession") -> None:
+    """Stop a session this process started (never a host's: Databricks, a notebook); quietly."""
+    try:
+        session.stop()
+    except Exception:  # noqa: BLE001 - a JVM already gone: nothing left to stop
+        pass
+
+
 def _start_jvm(start: "Callable[[], SparkSession]", *, verbose: bool, env: dict[str, str]) -> "SparkSession":
     """Start the JVM with its stdout and stderr on a pipe that a thread forwards to our stderr.
 
