@@ -6,10 +6,11 @@ one file holding a single document (the fixed cost of a one-row epoch), and appl
 files three ways, each to its own copy of the same seeded table:
 
 * **ours**: the materializer end to end, in this process (``Runtime(config, spark).run()``), with
-  ``max_documents = epoch_rows`` so each file is one epoch. A collector timestamps the runtime's
-  events, which splits each epoch into *read* (Python line scan + spool), *stage* (Spark parse,
-  combine, Parquet write, recovery-log commit) and *apply* (txn check, staged-file check, MERGE,
-  garbage collection).
+  ``source.max_files = 1`` so each file is one epoch. A collector timestamps the runtime's
+  events, which splits each epoch into *read* (listing, the Spark job that checks every document),
+  *stage* (Spark parse, combine, Parquet write, recovery-log commit) and *apply* (txn check,
+  staged-file check, MERGE, garbage collection), and records per epoch the CPU seconds of this
+  Python process (the driver) and of the Spark JVM (psutil).
 * **bare**: what a user without exactly-once machinery would do with the same rows: read the
   JSON file with a fixed schema, keep the last document per key, write Parquet (*stage*), then a
   plain ``MERGE`` of that Parquet (*merge*; no txn ids, no checks). The bare MERGE is the floor
@@ -382,14 +383,39 @@ def _count(spark: "SparkSession", table: Path) -> int:
 # --- ours -----------------------------------------------------------------------------------------
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(this Python process's CPU seconds, its java children's: the Spark JVM), user + system.
+
+    CPU time is what #12's goal is stated in: it stays steady on a shared machine when wall time
+    does not, and it shows work done in the driver's Python apart from work done by Spark.
+    """
+    import psutil
+
+    me = psutil.Process()
+    times = me.cpu_times()
+    python = times.user + times.system
+    jvm = 0.0
+    for child in me.children(recursive=True):
+        try:
+            if "java" in child.name().lower():
+                t = child.cpu_times()
+                jvm += t.user + t.system
+        except psutil.Error:
+            continue
+    return python, jvm
+
+
 class TimingCollector(Collector):
-    """Timestamps the runtime's events (monotonic seconds)."""
+    """Timestamps the runtime's events (monotonic seconds) and the CPU seconds spent so far."""
 
     def __init__(self) -> None:
         self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.cpu: list[tuple[float, float]] = []
+        """Per event: (Python CPU seconds, JVM CPU seconds) of the process so far."""
 
     def event(self, name: str, **fields: Any) -> None:
         self.events.append((time.monotonic(), name, fields))
+        self.cpu.append(cpu_seconds())
 
 
 SCHEMA_DDL = "id BIGINT, name STRING, amount DOUBLE, qty BIGINT, updated BIGINT"
@@ -400,7 +426,8 @@ def pipeline_config(
     folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None
 ) -> dict[str, Any]:
     options = options or BenchOptions()
-    source_config: dict[str, Any] = {"format": "documents", "path": str(source)}
+    # One generated file per epoch, as the peer's maxFilesPerTrigger=1.
+    source_config: dict[str, Any] = {"format": "documents", "path": str(source), "max_files": 1}
     if options.declared_schema:
         source_config["schema"] = SCHEMA_DDL
     return {
@@ -412,7 +439,9 @@ def pipeline_config(
     }
 
 
-def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def epoch_phases(
+    events: list[tuple[float, str, dict[str, Any]]], cpu: list[tuple[float, float]] | None = None
+) -> list[dict[str, Any]]:
     """Per epoch: read, stage, apply, and total, the epoch's share of the run's time.
 
     The runtime applies epoch N in the background while it reads N+1, so the phases overlap:
@@ -424,13 +453,19 @@ def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[s
     * apply: from the log commit to Acknowledged (txn check, MERGE, GC);
     * total: from the previous epoch's Acknowledged to this one's (from Open for the first epoch,
       which has nothing to overlap with): what each epoch adds to the run, i.e. its throughput.
+
+    With ``cpu`` (per event, the CPU seconds so far), each epoch also gets ``python_cpu`` and
+    ``jvm_cpu``: the CPU seconds of the same interval as ``total``.
     """
     opened: float | None = None
     read_at: dict[int, float] = {}
     documents: dict[int, int] = {}
     committed_at: dict[int, float] = {}
     acked_at: dict[int, float] = {}
-    for ts, name, fields in events:
+    cpu_at: dict[float, tuple[float, float]] = {}
+    for index, (ts, name, fields) in enumerate(events):
+        if cpu is not None and index < len(cpu):
+            cpu_at[ts] = cpu[index]
         if name == "opened" and opened is None:
             opened = ts
         elif name == "read":
@@ -448,8 +483,16 @@ def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[s
         read, committed, acked = read_at[epoch], committed_at[epoch], acked_at[epoch]
         starts = [t for t in (opened, committed_at.get(epoch - 1), acked_at.get(epoch - 1)) if t is not None and t <= read]
         previous_ack = acked_at.get(epoch - 1)
+        start = previous_ack if previous_ack is not None else opened
+        figures: dict[str, Any] = {}
+        if start in cpu_at and acked in cpu_at:
+            figures = {
+                "python_cpu": cpu_at[acked][0] - cpu_at[start][0],
+                "jvm_cpu": cpu_at[acked][1] - cpu_at[start][1],
+            }
         out.append(
             {
+                **figures,
                 "epoch": epoch,
                 "documents": documents[epoch],
                 "read": read - max(starts),
@@ -518,8 +561,8 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     import materializer.sources.documents as documents_module
 
     for source in runtime.sources.values():
-        profiler.wrap(source, "next_batch", "read: source batch (Python scan, spool, Spark JSON read)")
-    profiler.wrap(documents_module, "_dataframe", "read: (inside the above) spark.read.json of the spool, schema inference")
+        profiler.wrap(source, "next_batch", "read: source batch (listing, Spark check job)")
+    profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema")
     profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, combine, Parquet)")
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
@@ -557,7 +600,7 @@ def run_ours(
     finally:
         profiler.close()
     seconds = time.monotonic() - started
-    phases = epoch_phases(collector.events)
+    phases = epoch_phases(collector.events, collector.cpu)
     previous = jobs_before
     for phase in phases:
         end = next((j for e, j in marks if e == phase["epoch"]), None)
@@ -876,6 +919,8 @@ def bench_config(
         "seconds": ours["seconds"],
         "epochs": ours["epochs"],
         **_summary(ours["epochs"], big, ("read", "stage", "apply", "total")),
+        "median_python_cpu_seconds": _median([e["python_cpu"] for e in ours["epochs"] if e["epoch"] <= big and "python_cpu" in e]),
+        "median_jvm_cpu_seconds": _median([e["jvm_cpu"] for e in ours["epochs"] if e["epoch"] <= big and "jvm_cpu" in e]),
         "steps": {k: {**v, "seconds_per_epoch": v["seconds"] / max(1, len(ours["epochs"]))} for k, v in ours["steps"].items()},
         "median_spark_jobs": _median([e["spark_jobs"] for e in ours["epochs"] if e["epoch"] <= big and e.get("spark_jobs") is not None]),
         "wall_seconds_per_epoch": _wall_per_epoch(ours["epochs"], big),
@@ -1130,6 +1175,10 @@ def chart_figure(report: dict[str, Any]) -> Any:
     return fig
 
 
+def _per_million(value: float | None, documents: int) -> float | None:
+    return None if value is None or not documents else value * 1_000_000 / documents
+
+
 def _fmt(value: float | None, unit: str = "s") -> str:
     if value is None:
         return "-"
@@ -1149,7 +1198,10 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("epoch documents", lambda c: f"{c['epoch_rows']:,}"),
         ("table rows (seeded)", lambda c: f"{c['table_rows']:,}"),
         ("ours: s/epoch end to end", lambda c: _fmt(c["ours"]["median_total_seconds"])),
-        ("  read (scan, spool; overlaps apply)", lambda c: _fmt(c["ours"]["median_read_seconds"])),
+        ("  read (list, Spark checks; overlaps apply)", lambda c: _fmt(c["ours"]["median_read_seconds"])),
+        ("  Python (driver) CPU s/epoch", lambda c: _fmt(c["ours"].get("median_python_cpu_seconds"))),
+        ("  Python CPU s per 1M documents", lambda c: _fmt(_per_million(c["ours"].get("median_python_cpu_seconds"), c["epoch_rows"]))),
+        ("  JVM CPU s/epoch", lambda c: _fmt(c["ours"].get("median_jvm_cpu_seconds"))),
         ("  stage (parse, wait, Parquet, log)", lambda c: _fmt(c["ours"]["median_stage_seconds"])),
         ("  apply (checks, MERGE, GC)", lambda c: _fmt(c["ours"]["median_apply_seconds"])),
         ("  wall: Open to last big epoch / epochs", lambda c: _fmt(c["ours"].get("wall_seconds_per_epoch"))),

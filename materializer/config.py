@@ -38,6 +38,12 @@ class SourceConfig(Model):
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
+    max_files: int = Field(default=1000, gt=0)
+    """documents only: most files one epoch takes (Auto Loader's maxFilesPerTrigger). An epoch is a
+    set of whole files in file-name order, at least one."""
+    max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    """documents only: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
+    taken whole. 512 MiB holds a million documents of up to ~500 bytes."""
 
     @property
     def schema_ddl(self) -> str | None:
@@ -47,6 +53,11 @@ class SourceConfig(Model):
     def _schema_only_for_documents(self) -> "SourceConfig":
         if self.schema_ is not None and self.format != "documents":
             raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
+        defaults = SourceConfig.model_fields
+        if self.format != "documents" and (
+            self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
+        ):
+            raise ValueError("max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents)")
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
         return self
@@ -65,6 +76,14 @@ class BindingConfig(Model):
     """``standard``: fully reduced rows, MERGE by key; ``delta_updates``: append per-epoch combines."""
     reductions: dict[str, Strategy] = Field(default_factory=dict)
     """Per-field reduction strategy; fields not listed are lastWriteWins."""
+    previous_names: list[str] = Field(default_factory=list)
+    """Names this binding had before (a rename): its recovery-log state and the table's commits
+    tagged with an old name are taken over, so the source is not read again from the start."""
+    adopt_table: bool = False
+    """Write to a table that holds commits of another pipeline, another binding, or another
+    writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
+    written; on, the table is written on top of what it holds (README: 'Sharing or taking over a
+    table')."""
 
     @field_validator("name")
     @classmethod
@@ -88,6 +107,11 @@ class BindingConfig(Model):
         for field in self.reductions:
             if field in self.key:
                 raise ValueError(f"reductions: {field!r} is a key field and cannot be reduced")
+        for old in self.previous_names:
+            if not _IDENT.match(old):
+                raise ValueError(f"previous_names: {old!r} is not a binding name (letters, digits, underscores)")
+            if old == self.name:
+                raise ValueError(f"previous_names: {old!r} is the binding's own name")
         return self
 
     @property
@@ -100,7 +124,8 @@ class BindingConfig(Model):
 
 class TransactionConfig(Model):
     max_documents: int = Field(default=100_000, gt=0)
-    """Largest number of source documents (or CDC updates) one binding contributes to an epoch."""
+    """cdcv2: largest number of CDC updates one binding contributes to an epoch. The documents
+    source takes whole files instead, bounded by its ``source.max_files`` / ``source.max_bytes``."""
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     """With ``--follow``: how long to wait before looking for new input again."""
     pipelined: bool = True
@@ -140,13 +165,35 @@ class PipelineConfig(Model):
 
     @model_validator(mode="after")
     def _bindings_distinct(self) -> "PipelineConfig":
+        from materializer.delta import config_identity
+
         names = [b.name for b in self.bindings]
-        tables = [b.table for b in self.bindings]
-        for what, values in (("name", names), ("table", tables)):
-            seen = {v for v in values if values.count(v) > 1}
-            if seen:
-                raise ValueError(f"two bindings share the {what} {sorted(seen)[0]!r}")
+        for old in (n for b in self.bindings for n in b.previous_names):
+            names.append(old)
+        seen = {v for v in names if names.count(v) > 1}
+        if seen:
+            raise ValueError(f"two bindings share the name {sorted(seen)[0]!r} (names and previous_names)")
+        # Two spellings of one path (relative/absolute, ./, a trailing slash, s3a:// vs s3://) are
+        # one table: the second binding's MERGE would carry the same txn id and be skipped.
+        # Catalog names are resolved at Open, when Spark can tell where they live.
+        identities: dict[str, str] = {}
+        for b in self.bindings:
+            identity = config_identity(b.table)
+            if identity in identities:
+                raise ValueError(
+                    f"bindings {identities[identity]!r} and {b.name!r} share the table {identity} (however spelled); "
+                    "a table takes one binding: give each its own table"
+                )
+            identities[identity] = b.name
         return self
+
+    @property
+    def staging_root(self) -> str:
+        """This pipeline's own area of the staging store: ``<staging>/<pipeline_id>``.
+
+        Two pipelines given one ``staging`` folder thus never list, let alone delete, each
+        other's staged files or spools (DESIGN invariant 10)."""
+        return self.staging.rstrip("/") + "/" + self.pipeline_id
 
     def binding(self, name: str) -> BindingConfig:
         for binding in self.bindings:
@@ -181,7 +228,12 @@ def load_config(path: str | Path) -> PipelineConfig:
             f"{path}: configuration file not found (run from the project folder, or pass --config FILE)"
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start} cannot be decoded): "
+            "save the configuration file as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_config(data, str(path))

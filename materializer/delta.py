@@ -32,12 +32,93 @@ class TableRef:
     @property
     def location(self) -> str:
         """Absolute path or URI for path tables; the name for catalog tables."""
-        if not self.is_path or "://" in self.spec or self.spec.startswith(("dbfs:", "/")):
+        if not self.is_path or "://" in self.spec or self.spec.startswith(("dbfs:", "file:", "/")):
             return self.spec
         return os.path.abspath(self.spec)
 
     def __str__(self) -> str:
         return self.location
+
+
+def quote(name: str) -> str:
+    """``name`` as a SQL identifier: in backticks, a backtick inside doubled (```a``b```)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def normalise_location(location: str) -> str:
+    """One spelling per place: ``s3a://``/``s3n://`` as ``s3://``, no ``file:``, no trailing or
+    doubled slash, ``./`` and ``..`` resolved, local paths absolute with symlinks followed."""
+    loc = location.strip()
+    for alias in ("s3a://", "s3n://"):
+        if loc.startswith(alias):
+            loc = "s3://" + loc[len(alias) :]
+    if loc.startswith("file:"):
+        loc = loc[len("file:") :]
+        if loc.startswith("//"):
+            loc = loc[2:]
+    if "://" in loc:
+        scheme, _, rest = loc.partition("://")
+        bucket, _, key = rest.partition("/")
+        parts = [p for p in key.split("/") if p not in ("", ".")]
+        return f"{scheme.lower()}://{bucket}/" + "/".join(parts)
+    if loc.startswith("dbfs:"):
+        return "dbfs:" + os.path.normpath(loc[len("dbfs:") :] or "/")
+    return os.path.realpath(os.path.abspath(loc))
+
+
+def config_identity(spec: str) -> str:
+    """What can be told from the configuration alone: a path's normalised location, or the name."""
+    table = TableRef(spec)
+    return normalise_location(table.location) if table.is_path else spec.strip().lower()
+
+
+def table_identity(spark: "SparkSession", table: TableRef) -> str:
+    """Where the table's data lives, so two spellings of one table compare equal.
+
+    Paths are normalised; a catalog name that exists is resolved to its location (DESCRIBE
+    DETAIL, Spark Connect clean); one that does not exist yet is its qualified lower-case name.
+    """
+    if table.is_path:
+        return normalise_location(table.location)
+    if exists(spark, table):
+        row = spark.sql(f"DESCRIBE DETAIL {table.location}").select("location").collect()[0]
+        if row["location"]:
+            return normalise_location(str(row["location"]))
+    parts = table.location.strip().lower().split(".")
+    if len(parts) < 3:
+        current = [spark.catalog.currentCatalog().lower(), spark.catalog.currentDatabase().lower()]
+        parts = current[: 3 - len(parts)] + parts
+    return ".".join(parts)
+
+
+_CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Did a Delta commit lose to a concurrent one (so reading the table again and retrying helps)?
+
+    By type (``delta.exceptions``, raised by the classic client), or by Delta's error class (what
+    Spark Connect gives), never by words in the message: a message quotes JVM stack frames from
+    ``java.util.concurrent`` whatever the failure was.
+    """
+    try:
+        import delta.exceptions as conflicts
+
+        if isinstance(exc, tuple(getattr(conflicts, name) for name in conflicts.__all__)):
+            return True
+    except ImportError:  # pragma: no cover - delta-spark is a dependency
+        pass
+    for getter in ("getCondition", "getErrorClass"):
+        method = getattr(exc, getter, None)
+        if method is None:
+            continue
+        try:
+            condition = method()
+        except Exception:  # noqa: BLE001 - an exception without an error class
+            condition = None
+        if condition:
+            return str(condition).startswith(_CONFLICT_CONDITIONS)
+    return False
 
 
 def user_metadata(pipeline_id: str, binding: str, epoch: int) -> str:
@@ -197,3 +278,94 @@ def history(spark: "SparkSession", table: TableRef) -> list[dict[str, Any]]:
     for row in sorted(rows, key=lambda r: r["version"]):
         out.append({"version": row["version"], "operation": row["operation"], "tag": parse_user_metadata(row["userMetadata"])})
     return out
+
+
+@dataclass(frozen=True)
+class TableWriters:
+    """Who has committed to a table, as its Delta log tells (the commits it still keeps)."""
+
+    tags: dict[tuple[str, str], tuple[int, int]]
+    """Our ``userMetadata`` tags: (pipeline, binding) -> (first, last) Delta version tagged so."""
+    app_ids: dict[str, int]
+    """Delta transaction ids (``txnAppId``) -> the last version known to record them."""
+
+
+def table_location(spark: "SparkSession", table: TableRef) -> str:
+    """The folder of the table's files (a catalog table's via DESCRIBE DETAIL)."""
+    if table.is_path:
+        return table.location
+    return str(spark.sql(f"DESCRIBE DETAIL {table.location}").select("location").collect()[0]["location"])
+
+
+def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
+    """Read the table's Delta log once: every tag of ours and every transaction id it records.
+
+    One Spark job over the ``_delta_log`` commit files (plus its checkpoints, which keep the
+    transaction ids of commits cleaned up since), through the DataFrame reader: Spark Connect
+    clean, no JVM internals. Meant for once per run (Open), not per epoch.
+    """
+    from pyspark.sql import functions as F
+
+    log = table_location(spark, table).rstrip("/") + "/_delta_log"
+    try:
+        return _writers_from_log(spark, log)
+    except Exception:  # noqa: BLE001 - e.g. Unity Catalog refuses path access to a managed table
+        if table.is_path:
+            raise
+    # The catalog's own view: the history's tags (transaction ids are not in it).
+    tags: dict[tuple[str, str], tuple[int, int]] = {}
+    for row in delta_table(spark, table).history().select("version", "userMetadata").collect():
+        meta = parse_user_metadata(row["userMetadata"])
+        if meta is not None and "pipeline" in meta and "binding" in meta:
+            key = (str(meta["pipeline"]), str(meta["binding"]))
+            version = int(row["version"])
+            first, last = tags.get(key, (version, version))
+            tags[key] = (min(first, version), max(last, version))
+    return TableWriters(tags=tags, app_ids={})
+
+
+def _writers_from_log(spark: "SparkSession", log: str) -> TableWriters:
+    from pyspark.sql import functions as F
+
+    commits = (
+        spark.read.schema("commitInfo STRUCT<userMetadata: STRING>, txn STRUCT<appId: STRING, version: BIGINT>")
+        .json(log + "/*.json")
+        .select(
+            F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.json$", 1).alias("v"),
+            F.col("commitInfo.userMetadata").alias("meta"),
+            F.col("txn.appId").alias("app"),
+        )
+        .where(F.col("v") != "")
+        .where(F.col("meta").isNotNull() | F.col("app").isNotNull())
+        .groupBy("meta", "app")
+        .agg(F.min(F.col("v").cast("bigint")).alias("first"), F.max(F.col("v").cast("bigint")).alias("last"))
+        .collect()  # one row per distinct tag or txn id: a handful, not the table
+    )
+    tags: dict[tuple[str, str], tuple[int, int]] = {}
+    app_ids: dict[str, int] = {}
+    for row in commits:
+        meta = parse_user_metadata(row["meta"])
+        if meta is not None and "pipeline" in meta and "binding" in meta:
+            key = (str(meta["pipeline"]), str(meta["binding"]))
+            first, last = tags.get(key, (row["first"], row["last"]))
+            tags[key] = (min(first, row["first"]), max(last, row["last"]))
+        if row["app"] is not None:
+            app_ids[row["app"]] = max(app_ids.get(row["app"], -1), int(row["last"]))
+    try:
+        checkpointed = (
+            spark.read.parquet(log + "/*.checkpoint*.parquet")
+            .where(F.col("txn").isNotNull())
+            .select(
+                F.col("txn.appId").alias("app"),
+                F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.checkpoint", 1).cast("bigint").alias("v"),
+            )
+            .groupBy("app")
+            .agg(F.max("v").alias("v"))
+            .collect()
+        )
+    except Exception:  # noqa: BLE001 - no checkpoint yet (a glob matching nothing is an error)
+        checkpointed = []
+    for row in checkpointed:
+        # Only the checkpoint's version is known: the commit was at or before it.
+        app_ids.setdefault(row["app"], int(row["v"]))
+    return TableWriters(tags=tags, app_ids=app_ids)

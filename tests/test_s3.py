@@ -92,7 +92,7 @@ def test_s3_pipeline_killed_mid_apply_finishes_exactly_once(
     log = RecoveryLog(open_store(f"s3://{bucket}/pipelines/orders-s3/log"), "orders-s3")
     # killed inside epoch 2's MERGE: epoch 2 is committed to the log, the table records epoch 1
     assert log.read().last_epoch == 2
-    staging = open_store(f"s3://{bucket}/pipelines/orders-s3/staging")
+    staging = open_store(f"s3://{bucket}/pipelines/orders-s3/staging/orders-s3")  # the pipeline's own area
     assert staging.list("staged"), "epoch 2's staged file must survive the crash"
     crashed_table = _download(f"s3://{bucket}/tables/orders", tmp_path / "orders-after-crash")
     assert _txn_versions(crashed_table, "orders-s3") == [1]

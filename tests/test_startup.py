@@ -1,5 +1,5 @@
 """Start-up: jars resolved once (Maven Central or a named mirror only, nothing pyspark ships), a
-quiet terminal, and one clear paragraph with exit code 9 for each start-up failure."""
+quiet terminal, and one clear paragraph with exit code 10 for each start-up failure."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_two_first_runs_at_once_resolve_once(tmp_path: Path, mirror: str) -> Non
     assert sum(line.startswith("fetching") for line in lines) == 1
 
 
-# --- start-up failures: one paragraph, exit code 9 (the CLI in a subprocess) ----------------------
+# --- start-up failures: one paragraph, exit code 10 (the CLI in a subprocess) ----------------------
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def pipeline(tmp_path: Path) -> Path:
 
 
 def _assert_paragraph(result: Any, *needles: str) -> None:
-    assert result.returncode == 9, result.stderr[-3000:]
+    assert result.returncode == 10, result.stderr[-3000:]
     err = result.stderr.strip()
     assert "Traceback" not in err and "JAVA_GATEWAY_EXITED" not in err
     assert len(err.splitlines()) <= 3, err  # one paragraph (and at most the fetch line before it)
