@@ -52,9 +52,9 @@ def test_the_endpoint_is_scraped_over_loopback_during_a_following_run(spark: Any
     config = load_config(
         write_config(
             tmp_path,
-            [binding("items", src, tmp_path / "tables" / "items")],
+            [binding("items", src, tmp_path / "tables" / "items", max_files=1)],
             pipeline_id="scraped",
-            transaction={"max_documents": 3, "poll_interval_seconds": 0.1},
+            transaction={"poll_interval_seconds": 0.1},
         )
     )
     metrics = PrometheusCollector(config.pipeline_id)

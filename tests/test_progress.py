@@ -79,8 +79,10 @@ def test_a_run_reports_the_merge_counts_of_each_epoch(spark: Any, tmp_path: Path
     config = load_config(
         write_config(
             tmp_path,
-            [binding("items", src, tmp_path / "tables" / "items"), binding("log", src, tmp_path / "tables" / "log", mode="delta_updates")],
-            max_documents=3,
+            [
+                binding("items", src, tmp_path / "tables" / "items", max_files=1),
+                binding("log", src, tmp_path / "tables" / "log", mode="delta_updates", max_files=1),
+            ],
         )
     )
     events = ListCollector()

@@ -26,13 +26,16 @@ def _no_spark() -> Any:
 
 def test_status_of_path_tables_needs_no_spark_and_agrees_with_it(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_jsonl(src / "a.jsonl", [{"id": i, "v": i} for i in range(7)])
+    for n in range(3):  # one file per epoch: three epochs
+        write_jsonl(src / f"a-{n}.jsonl", [{"id": i, "v": i * n} for i in range(n, n + 3)])
     config = load_config(
         write_config(
             tmp_path,
-            [binding("items", src, tmp_path / "tables" / "items"), binding("never", tmp_path / "empty", tmp_path / "tables" / "never")],
+            [
+                binding("items", src, tmp_path / "tables" / "items", max_files=1),
+                binding("never", tmp_path / "empty", tmp_path / "tables" / "never"),
+            ],
             pipeline_id="fast-status",
-            max_documents=3,
         )
     )
     (tmp_path / "empty").mkdir()
