@@ -83,6 +83,9 @@ logger.plans.name = org.apache.spark.util.SparkStringUtils
 logger.plans.level = error
 logger.checkpoint.name = org.apache.spark.rdd.MapPartitionsRDD
 logger.checkpoint.level = error
+# Deprecation notices about SQL our code generates (a user cannot act on them; `-v` shows them).
+logger.functions.name = org.apache.spark.sql.catalyst.analysis.FunctionResolution
+logger.functions.level = error
 """
 
 # The JVM's own notice (not log4j) for the module Spark adds to every JVM it starts.
