@@ -88,8 +88,10 @@ logger.functions.name = org.apache.spark.sql.catalyst.analysis.FunctionResolutio
 logger.functions.level = error
 """
 
-# The JVM's own notice (not log4j) for the module Spark adds to every JVM it starts.
-_JVM_NOTICES = (b"WARNING: Using incubator modules",)
+# Lines printed straight to stderr (not through log4j): the JVM's notice for the module Spark adds
+# to every JVM it starts, and the SLF4J 1.x the AWS SDK bundle shades (hadoop-aws) saying it has no
+# binding. Neither is anything a user can act on; `-v` shows them.
+_JVM_NOTICES = (b"WARNING: Using incubator modules", b"SLF4J: ")
 
 
 def ivy_cache() -> Path:

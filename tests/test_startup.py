@@ -210,6 +210,20 @@ def test_a_jvm_that_exits_while_starting_is_quoted_not_a_traceback(tmp_path: Pat
     _assert_paragraph(result, "Spark's Java process exited while starting", "Too small maximum heap")
 
 
+def test_the_jvm_relay_drops_only_its_known_notices(capfd: pytest.CaptureFixture[str]) -> None:
+    from materializer import spark as spark_module
+
+    read_end, write_end = os.pipe()
+    relay = spark_module._Relay(read_end, verbose=False)
+    os.write(write_end, b"WARNING: Using incubator modules: jdk.incubator.vector\nSLF4J: Defaulting to no-operation\n")
+    os.write(write_end, b"Exception in thread main: a real error\n")
+    relay.release()  # the JVM has started: what it held back is let through, filtered
+    os.write(write_end, b"26/11/21 WARN Something: later\n")
+    os.close(write_end)
+    relay._thread.join(timeout=10)
+    assert capfd.readouterr().err == "Exception in thread main: a real error\n26/11/21 WARN Something: later\n"
+
+
 # --- a quiet start (a real session in a subprocess) -----------------------------------------------
 
 
