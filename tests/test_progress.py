@@ -99,6 +99,9 @@ def test_a_run_reports_the_merge_counts_of_each_epoch(spark: Any, tmp_path: Path
     assert (log2.status, log2.inserted, log2.rows_staged) == ("applied", 3, 3)
     assert (two.inserted, two.updated, two.deleted, two.applied, two.skipped) == (4, 1, 1, 2, 0)
     assert two.documents == 6 and two.rows_staged == 6
+    # The documents source's lag: after epoch 1 one file per binding is left, after epoch 2 none.
+    assert (items1.lag_files, items2.lag_files, two.lag_files, two.lag_bytes) == (1, 0, 0, 0)
+    assert items1.lag_bytes == (src / "f-002.jsonl").stat().st_size
     for record in records:
         assert set(record.phase_seconds) == {"read", "stage", "log_commit", "apply"}
         assert all(v >= 0 for v in record.phase_seconds.values())
