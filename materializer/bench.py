@@ -1159,7 +1159,32 @@ def _write(root: Path, report: dict[str, Any]) -> None:
 # --- presentation ---------------------------------------------------------------------------------
 
 
+FIXED_COSTS = ("replay (ours, warm)", "replay (fresh process)", "1-row epoch (ours)", "1-row batch (peer)", "restart after kill")
+
+
+def fixed_costs(c: dict[str, Any]) -> list[float | None]:
+    """The right panel's figures for one configuration, in FIXED_COSTS order; None: not measured
+    (e.g. ``--no-recovery``, no peer), which the chart must not draw as a value."""
+    values = [
+        (c.get("replay") or {}).get("reapply_seconds"),
+        (c.get("recovery") or {}).get("replay_restart_seconds"),
+        c["ours"].get("one_row_seconds"),
+        (c.get("peer") or {}).get("one_row_seconds"),
+        (c.get("recovery") or {}).get("restart_seconds"),
+    ]
+    return [float(v) if isinstance(v, (int, float)) else None for v in values]
+
+
 def chart(report: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_figure(report: dict[str, Any]) -> Any:
+    """The bench's figure (matplotlib), before it is saved."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1188,17 +1213,19 @@ def chart(report: dict[str, Any], path: Path) -> None:
     left.set_title("Epoch time")
     left.legend(fontsize=7)
     # Right: fixed costs: replay, one-row epoch, recovery restart.
-    labels = ["replay (ours, warm)", "replay (fresh process)", "1-row epoch (ours)", "1-row batch (peer)", "restart after kill"]
+    labels = list(FIXED_COSTS)
+    step = 0.8 / len(configs)
     for i, c in enumerate(configs):
-        values = [
-            (c.get("replay") or {}).get("reapply_seconds") or 0,
-            (c.get("recovery") or {}).get("replay_restart_seconds") or 0,
-            c["ours"].get("one_row_seconds") or 0,
-            (c.get("peer") or {}).get("one_row_seconds") or 0,
-            (c.get("recovery") or {}).get("restart_seconds") or 0,
-        ]
-        values = [max(v, 1e-3) for v in values]
-        right.bar([j + i * (0.8 / len(configs)) for j in range(len(labels))], values, 0.8 / len(configs), label=c["name"])
+        values = fixed_costs(c)
+        # Only what was measured is drawn; a figure not measured is said so, never drawn as a bar
+        # (a log axis has no zero: a placeholder value would look like a real, tiny cost).
+        measured = [(j, v) for j, v in enumerate(values) if v is not None and v > 0]
+        bars = right.bar([j + i * step for j, _ in measured], [v for _, v in measured], step, label=c["name"])
+        colour = bars.patches[0].get_facecolor() if bars.patches else None
+        for j, v in enumerate(values):
+            if v is None:
+                right.text(j + i * step, 0.02, "not measured", transform=right.get_xaxis_transform(), rotation=90,
+                           ha="center", va="bottom", fontsize=6, color=colour or "grey")
     right.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
     # Log scale: a replay (tenths of a second) and a restart (a JVM start and a MERGE) on one axis.
     right.set_yscale("log")
@@ -1207,8 +1234,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
     right.legend(fontsize=7)
     fig.suptitle(f"materializer bench ({report['options']['mode']}), {report['machine'].get('cpus')} CPUs")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _per_million(value: float | None, documents: int) -> float | None:

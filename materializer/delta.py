@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
@@ -179,6 +179,65 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str) -> TableSta
         return TableState(True, int(snapshot.version()), txn)
     except Exception:  # noqa: BLE001 - JVM internals absent (e.g. Spark Connect): use the history
         return _state_from_history(dt, app_id)
+
+
+def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str] | None" = None) -> TableState | None:
+    """The table's version and the txnVersion it records for ``app_id``, read by delta-rs (no JVM).
+
+    Reads the same Delta log actions (``txn`` / SetTransaction) Spark's snapshot does, in
+    milliseconds. Returns None where it cannot answer and Spark must (a catalog name, a table
+    feature delta-rs cannot read, deltalake not installed): callers fall back to
+    :func:`table_state`. A stale answer is harmless where it is used as a replay pre-check: Delta's
+    own txn check at commit still skips a replayed MERGE.
+    """
+    if not table.is_path:
+        return None
+    try:
+        from deltalake import DeltaTable as RustDeltaTable
+    except ImportError:
+        return None
+    uri = table.location
+    options = None
+    if uri.startswith(("s3://", "s3a://", "s3n://")):
+        uri = "s3://" + uri.split("://", 1)[1]
+        options = delta_rs_storage_options(os.environ if environ is None else environ)
+    elif uri.startswith("file:"):
+        uri = uri[len("file:") :]
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        # Opened directly, not after is_deltatable(): one log listing instead of two (and that
+        # call's listing hangs against some S3-compatible servers, moto's among them).
+        dt = RustDeltaTable(uri, storage_options=options)
+        return TableState(True, int(dt.version()), dt.transaction_version(app_id))
+    except TableNotFoundError:
+        return TableState(False, None, None)
+    except Exception:  # noqa: BLE001 - delta-rs cannot read it (a feature, a store): Spark can
+        return None
+
+
+def delta_rs_storage_options(env: "Mapping[str, str]") -> dict[str, str]:
+    """delta-rs (object_store) S3 options from the standard AWS environment, as s3a gets them."""
+    options: dict[str, str] = {}
+    for key, option in (
+        ("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
+        ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+        ("AWS_SESSION_TOKEN", "aws_session_token"),
+        ("AWS_PROFILE", "aws_profile"),
+    ):
+        if env.get(key):
+            options[option] = env[key]
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        options["aws_endpoint_url"] = endpoint
+        options["aws_virtual_hosted_style_request"] = "false"
+        if endpoint.startswith("http://"):
+            options["aws_allow_http"] = "true"
+        region = region or "us-east-1"
+    if region:
+        options["aws_region"] = region
+    return options
 
 
 def _latest_snapshot(dt: "DeltaTable") -> Any:

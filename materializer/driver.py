@@ -22,6 +22,7 @@ need no loads; nothing is read from a table before Acknowledged.
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -164,9 +165,10 @@ class DeltaDriver(Driver):
             if binding.name not in message.driver_checkpoint.staged:
                 continue
             staged = message.driver_checkpoint.staged[binding.name]
+            began = time.monotonic()
             result = self._apply(binding, epoch, staged)
             results.append(result)
-            self.collector.event("applied", epoch=epoch, **result.model_dump(exclude={"metrics"}))
+            self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -303,6 +305,11 @@ class DeltaDriver(Driver):
                 rows = source.filter(F.col(OP) != "d").drop(OP)
             if table_exists:
                 rows = _align(rows, delta_table(self.apply_spark, table).toDF().schema, keep_extra=True)
+            from pyspark.sql import Observation
+
+            # Counted as the rows are written (no second pass), for the epoch's progress record.
+            counted = Observation(f"appended_{binding.name}_{epoch}_{uuid.uuid4().hex[:6]}")
+            rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
             writer = (
                 rows.write.format("delta")
                 .mode("append")
@@ -314,7 +321,12 @@ class DeltaDriver(Driver):
             before = table_version(self.apply_spark, table) if table_exists else None
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             after = table_version(self.apply_spark, table)
-            return {"appended": 1} if after != before else None
+            if after == before:
+                return None  # Delta skipped it (the query never ran: do not wait for its count)
+            try:
+                return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
+            except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
+                return {"appended": 1}
 
         target = delta_table(self.apply_spark, table)
         target_schema = target.toDF().schema

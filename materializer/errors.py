@@ -75,3 +75,12 @@ class ApplyError(MaterializerError):
         super().__init__(message)
         self.epoch = epoch
         self.binding = binding
+
+
+class StartupError(MaterializerError):
+    """Spark could not be started: no Java, a Java it cannot run on, or its jars not reachable.
+
+    Nothing was read or written; the message names the cause and the fix.
+    """
+
+    exit_code = 10

@@ -35,7 +35,7 @@ from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import TableRef, quote, table_identity, table_state, table_writers
 from materializer.driver import DeltaDriver
 from materializer.errors import ApplyError, ConfigError, FencedError, TableStateError
-from materializer.progress import Collector
+from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
@@ -92,7 +92,8 @@ class Runtime:
     def __init__(self, config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> None:
         self.config = config
         self.spark = spark
-        self.collector = collector or Collector()
+        # Every consumer also gets one `progress` record per applied epoch, folded from the events.
+        self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
         self.staging = open_store(config.staging_root)
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
         self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
@@ -127,6 +128,7 @@ class Runtime:
         acking: Future[Acknowledged] | None = None
 
         def acknowledge(epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
+            began = time.monotonic()
             try:
                 result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
             except Exception as exc:
@@ -141,7 +143,7 @@ class Runtime:
                 self.log.clear_failures(epoch)
             # Sent from the applying thread, so its time is when the apply ended, not when the
             # runtime next looked.
-            self.collector.event("acknowledged", epoch=epoch, first=first)
+            self.collector.event("acknowledged", epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now())
             return result
 
         def acknowledged() -> None:
@@ -174,8 +176,10 @@ class Runtime:
                 next_epoch = epoch + 1
                 try:
                     batches = self._read(next_epoch, runtime_checkpoint)
+                    staging_began = time.monotonic()
                     with _explained(batches):
                         prestaged = self._prestage(next_epoch, batches)
+                    stage_seconds = time.monotonic() - staging_began
                 except BaseException:
                     # Epoch N is committed: finish applying it before reporting the read's error
                     # (an error of the apply, a fence say, is the one raised then).
@@ -189,6 +193,7 @@ class Runtime:
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
 
+                staging_began = time.monotonic()
                 new_checkpoint = dict(runtime_checkpoint)
                 for name, batch in batches.items():
                     new_checkpoint[name] = batch.checkpoint
@@ -215,12 +220,14 @@ class Runtime:
                         StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
                     )
                 self.staging.delete_prefix(self._spool(next_epoch))
+                stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
 
                 # --- commit to the recovery log ---
                 def mid_commit(e: int = next_epoch) -> None:
                     crash.crash_point("mid-log-commit", e)
 
+                committing = time.monotonic()
                 try:
                     self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
                 except FencedError:
@@ -231,6 +238,7 @@ class Runtime:
                     raise
                 # crash here leaves the entry committed but unapplied: the next Open re-applies it
                 crash.crash_point("after-log-commit", next_epoch)
+                log_commit_seconds = time.monotonic() - committing
                 epoch = next_epoch
                 runtime_checkpoint = new_checkpoint
                 pending = started_commit.driver_checkpoint
@@ -240,7 +248,16 @@ class Runtime:
                     description={n: b.description for n, b in batches.items()},
                 )
                 summary.epochs.append(current)
-                self.collector.event("committed", epoch=epoch, documents=sum(current.documents.values()))
+                staged_files = started_commit.driver_checkpoint.staged
+                self.collector.event(
+                    "committed",
+                    epoch=epoch,
+                    documents=sum(current.documents.values()),
+                    at=utc_now(),
+                    staged={n: (f.rows, f.bytes) for n, f in staged_files.items() if f is not None},
+                    stage_seconds=stage_seconds,
+                    log_commit_seconds=log_commit_seconds,
+                )
         except FencedError:
             raise
         except Exception as exc:
@@ -269,6 +286,7 @@ class Runtime:
     def _read(self, epoch: int, checkpoint: dict[str, Any]) -> dict[str, SourceBatch]:
         batches = {}
         for binding in self.config.bindings:
+            began, at = time.monotonic(), utc_now()
             batch = self.sources[binding.name].next_batch(
                 self.spark,
                 checkpoint.get(binding.name),
@@ -277,7 +295,18 @@ class Runtime:
             )
             if batch is not None:
                 batches[binding.name] = batch
-                self.collector.event("read", epoch=epoch, binding=binding.name, documents=batch.count, extent=batch.description)
+                self.collector.event(
+                    "read",
+                    epoch=epoch,
+                    binding=binding.name,
+                    documents=batch.count,
+                    extent=batch.description,
+                    # Optional fields of SourceBatch (a source that does not know leaves them out).
+                    bytes=getattr(batch, "bytes", None),
+                    lag=getattr(batch, "lag", None),
+                    seconds=time.monotonic() - began,
+                    at=at,
+                )
         return batches
 
     def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Union
 
 from materializer.config import PipelineConfig
-from materializer.delta import TableRef, table_state
+from materializer.delta import TableRef, TableState, read_txn_without_spark, table_state
 from materializer.driver import STAGED, dataset_of
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
@@ -45,7 +45,31 @@ class PipelineStatus:
         return all(t.agrees for t in self.tables)
 
 
-def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineStatus:
+SessionSource = Union["SparkSession", Callable[[], "SparkSession"], None]
+
+
+class _Tables:
+    """Table states read by delta-rs where it can (no JVM), by Spark only where it must (a catalog
+    name, a table feature delta-rs does not read): the session is started on first need."""
+
+    def __init__(self, spark: SessionSource) -> None:
+        self._spark = spark
+        self.used_spark = False
+
+    def state(self, table: TableRef, app_id: str) -> TableState:
+        fast = read_txn_without_spark(table, app_id)
+        if fast is not None:
+            return fast
+        if self._spark is None:
+            raise RuntimeError(f"table {table} needs Spark to read and no session was given")
+        if callable(self._spark):
+            self._spark = self._spark()
+        self.used_spark = True
+        return table_state(self._spark, table, app_id)
+
+
+def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> PipelineStatus:
+    """``spark``: a session, a function that starts one (called only if a table needs it), or None."""
     log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
     state = log.read()
     staging = open_store(config.staging_root)
@@ -60,9 +84,10 @@ def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineSt
                 referenced[staged.uri] = name
     status = PipelineStatus(config.pipeline_id, state.last_epoch, state.last_seq, len(state.sequences))
     status.orphaned = [d for d in datasets if d not in referenced]
+    tables = _Tables(spark)
     for binding in config.bindings:
         table = TableRef(binding.table)
-        ts = table_state(spark, table, config.pipeline_id)
+        ts = tables.state(table, config.pipeline_id)
         pending = [uri for uri, name in referenced.items() if name == binding.name and uri in datasets]
         recorded = ts.txn_version or 0
         failure = failures.get((state.last_epoch, binding.name))

@@ -37,7 +37,10 @@ def wheel_task() -> dict[str, Any]:
 
 def entry_point(package: str, name: str) -> Callable[[], None]:
     """What Databricks runs: the named entry point in the package's metadata."""
-    found = [ep for ep in metadata.distribution(package).entry_points if ep.name == name]
+    try:
+        found = [ep for ep in metadata.distribution(package).entry_points if ep.name == name]
+    except metadata.PackageNotFoundError:  # not installed under this name (a checkout on PYTHONPATH)
+        found = []
     if not found:  # an install older than pyproject.toml: read the declaration itself
         import tomllib
 
@@ -49,7 +52,7 @@ def entry_point(package: str, name: str) -> Callable[[], None]:
 
 def test_bundle_declares_a_wheel_task_with_a_config_on_a_volume() -> None:
     task = wheel_task()
-    assert task["package_name"] == "materializer"
+    assert task["package_name"] == "delta_materializer"
     assert entry_point(task["package_name"], task["entry_point"]) is databricks.main
     params = task["parameters"]
     assert params[params.index("--config") + 1].startswith("/Volumes/")
