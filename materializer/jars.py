@@ -93,7 +93,7 @@ def _ivy_settings(cache: Path, repo: str) -> str:
 """
 
 
-def _ivy_module(packages: Sequence[str], excludes: Sequence[str], transitive: bool = True) -> str:
+def _ivy_module(packages: Sequence[str], excludes: Sequence[str], transitive: bool = True, spark_modules: bool = False) -> str:
     lines = ['<ivy-module version="2.0">', '  <info organisation="materializer" module="materializer-session-jars"/>']
     lines.append('  <configurations><conf name="default"/></configurations>')
     lines.append("  <dependencies>")
@@ -103,8 +103,12 @@ def _ivy_module(packages: Sequence[str], excludes: Sequence[str], transitive: bo
         lines.append(
             f"    <dependency org={quoteattr(org)} name={quoteattr(name)} rev={quoteattr(rev)} conf=\"default->default(runtime)\"{flag}/>"
         )
-    # Spark's own modules are on the classpath already (spark-submit excludes them the same way).
-    lines.append('    <exclude org="org.apache.spark" module="*"/>')
+    if transitive and not spark_modules:
+        # Spark's own modules are on the classpath already (spark-submit excludes them the same
+        # way). Ivy applies this to direct dependencies too, so packages that are Spark modules
+        # themselves (the Kafka connector) are resolved with ``spark_modules``: only the modules
+        # pyspark ships (and the given excludes) are left out then.
+        lines.append('    <exclude org="org.apache.spark" module="*"/>')
     for module in sorted(excludes):
         lines.append(f'    <exclude org="*" module={quoteattr(module)}/>')
     lines.append("  </dependencies>")
@@ -134,6 +138,7 @@ def resolve(
     report: Callable[[str], None] | None = None,
     excludes: Sequence[str] | None = None,
     transitive: bool = True,
+    spark_modules: bool = False,
 ) -> Resolution:
     """The jars of ``packages`` and their dependencies, minus what pyspark ships.
 
@@ -144,7 +149,8 @@ def resolve(
     started = time.monotonic()
     repo = repo or maven_repo()
     excluded = sorted(shipped_modules() if excludes is None else excludes)
-    key = manifest_key(list(packages) + ([] if transitive else ["(intransitive)"]), excluded, repo)
+    markers = ([] if transitive else ["(intransitive)"]) + (["(spark modules)"] if spark_modules else [])
+    key = manifest_key(list(packages) + markers, excluded, repo)
     manifest = cache / f"manifest-{key}.json"
     jars = read_manifest(manifest)
     if jars is not None:
@@ -160,7 +166,7 @@ def resolve(
             return Resolution(jars, False, time.monotonic() - started)
         return _resolve_locked(
             packages, cache, manifest, key, excluded, started,
-            java=java, repo=repo, verbose=verbose, report=report, transitive=transitive,
+            java=java, repo=repo, verbose=verbose, report=report, transitive=transitive, spark_modules=spark_modules,
         )
 
 
@@ -177,11 +183,12 @@ def _resolve_locked(
     verbose: bool,
     report: Callable[[str], None] | None,
     transitive: bool = True,
+    spark_modules: bool = False,
 ) -> Resolution:
     work = cache / f"resolve-{key}"
     work.mkdir(exist_ok=True)
     (work / "ivysettings.xml").write_text(_ivy_settings(cache, repo))
-    (work / "ivy.xml").write_text(_ivy_module(packages, excluded, transitive))
+    (work / "ivy.xml").write_text(_ivy_module(packages, excluded, transitive, spark_modules))
     classpath = work / "classpath.txt"
     classpath.unlink(missing_ok=True)
     log_path = cache / "resolve.log"

@@ -196,12 +196,18 @@ def session_jars(
     """Paths of the jars a local session needs (resolved on the first run only)."""
     from materializer.jars import resolve
 
-    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else []) + ([KAFKA_PACKAGE] if kafka else [])
+    from materializer.jars import shipped_modules
+
+    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else [])
     jars = resolve(packages, ivy_cache(), java=java, verbose=verbose, report=report).jars
     if kafka:
-        provider = ":".join(KAFKA_TOKEN_PROVIDER)
-        jars += resolve([provider], ivy_cache(), java=java, verbose=verbose, report=report, excludes=[], transitive=False).jars
-    return jars
+        # The connector is a Spark module itself: resolved leaving out only what pyspark ships and
+        # the token provider, which is then resolved alone (see KAFKA_TOKEN_PROVIDER).
+        group, provider, version = KAFKA_TOKEN_PROVIDER
+        excludes = sorted(shipped_modules() | {provider})
+        jars += resolve([KAFKA_PACKAGE], ivy_cache(), java=java, verbose=verbose, report=report, excludes=excludes, spark_modules=True).jars
+        jars += resolve([f"{group}:{provider}:{version}"], ivy_cache(), java=java, verbose=verbose, report=report, excludes=[], transitive=False).jars
+    return list(dict.fromkeys(jars))
 
 
 def build_session(
