@@ -181,7 +181,7 @@ class DeltaDriver(Driver):
             # whose first Acknowledge finds the epoch applied and deletes them).
             self.fence_check()
         for staged in applied:
-            self.staging.delete_prefix(staged.uri)
+            self._staging_of(staged).delete_prefix(staged.uri)
         self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
@@ -230,8 +230,9 @@ class DeltaDriver(Driver):
     ) -> "DataFrame | None":
         if staged is None:
             return None
+        store = self._staging_of(staged)
         files, size = 0, 0
-        for info in self.staging.list(staged.uri):
+        for info in store.list(staged.uri):
             if is_data_file(info.path):
                 files += 1
                 size += info.size
@@ -254,7 +255,18 @@ class DeltaDriver(Driver):
                 "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
                 "from the source (README: 'Recovering from damage')."
             )
-        return self.apply_spark.read.parquet(self.staging.spark_path(staged.uri))
+        return self.apply_spark.read.parquet(store.spark_path(staged.uri))
+
+    def _staging_of(self, staged: StagedFile) -> FileStore:
+        """The store holding ``staged``: this pipeline's area, or for an entry committed by a version
+        before the per-pipeline areas (an upgrade between its log commit and its apply), the
+        staging folder itself, where that version staged."""
+        if self.staging.list(staged.uri) or self.config.staging_root == self.config.staging:
+            return self.staging
+        from materializer.storage import open_store
+
+        legacy = open_store(self.config.staging)
+        return legacy if legacy.list(staged.uri) else self.staging
 
     @property
     def _apply_group(self) -> str:

@@ -250,3 +250,30 @@ def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_bec
         2: {"a": None, "id": 2, "s": {"x": None, "y": "only-y"}, "b": None},
         3: {"a": 4, "id": 3, "s": None, "b": None},
     }
+
+
+def test_an_epoch_staged_by_the_previous_layout_is_applied_after_an_upgrade(spark: Any, tmp_path: Path) -> None:
+    """Staged files used to sit at <staging>/staged/…; now at <staging>/<pipeline_id>/staged/….
+    An entry committed by the old version and not yet applied must still be applied (not read
+    as a missing staged file), and its files removed after."""
+    from materializer.driver import DeltaDriver
+    from materializer.protocol import DriverCheckpoint
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    (tmp_path / "src").mkdir()
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")]))
+    assert config.staging_root != config.staging
+    # The previous version's state, built by hand: staged under <staging>, committed, unapplied.
+    legacy = open_store(config.staging)
+    rows = spark.createDataFrame([(1, "a", "u"), (2, "b", "u")], "id long, name string, _op string")
+    staged = DeltaDriver(spark, config, legacy)._stage("items", 1, rows)
+    assert staged is not None and legacy.list(staged.uri)
+    log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+    log.open()
+    log.commit(1, {}, DriverCheckpoint(epoch=1, staged={"items": staged}))
+
+    summary = Runtime(config, spark).run()
+    assert summary.reapplied is not None and [r.status for r in summary.reapplied.results] == ["applied"]
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == {(1,): {"id": 1, "name": "a"}, (2,): {"id": 2, "name": "b"}}
+    assert legacy.list(staged.uri) == []
