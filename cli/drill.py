@@ -26,7 +26,8 @@ def drill(
         None, "--points", help="Failure points to kill at, once each (repeat the option; default: all the config can reach; 'none': skip them)."
     ),
     damages: Optional[List[str]] = typer.Option(None, "--damage", help="damage scenario: torn-log, corrupt-log, missing-staged, truncated-staged (default: all)."),
-    max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Override transaction.max_documents: more, smaller epochs."),
+    max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Override transaction.max_documents (cdcv2, kafka): more, smaller epochs."),
+    max_files: Optional[int] = typer.Option(None, "--max-files", help="Override source.max_files of documents bindings (epochs are whole files)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Empty folder for the scratch log, staging and tables (default: a temp folder)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Where to write the JSON report (default: WORKDIR/drill-report.json)."),
     run_timeout: float = typer.Option(900.0, "--run-timeout", help="Seconds after which one run counts as hung."),
@@ -57,6 +58,7 @@ def drill(
         points=[] if points == ["none"] else (points or None),
         damages=damages or None,
         max_documents=max_documents,
+        max_files=max_files,
         run_timeout=run_timeout,
         keep=keep,
         report=report,

@@ -245,7 +245,9 @@ class DrillOptions:
     damages: list[str] | None = None
     """Scenario ``damage``: which damages (None: all)."""
     max_documents: int | None = None
-    """Override ``transaction.max_documents`` (more, smaller epochs give the kills more to hit)."""
+    """Override ``transaction.max_documents`` (cdcv2, kafka: more, smaller epochs give the kills more to hit)."""
+    max_files: int | None = None
+    """Override ``source.max_files`` of documents bindings (their epochs are whole files)."""
     run_timeout: float = 900.0
     """A single run taking longer than this is a hang: the drill kills it and fails."""
     keep: bool = False
@@ -261,16 +263,25 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path)
 
 
-def scratch_config(config: PipelineConfig, root: Path, max_documents: int | None = None) -> dict[str, Any]:
+def scratch_config(
+    config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None
+) -> dict[str, Any]:
     """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
-    data = config.model_dump(mode="json", by_alias=True)
+    # Only what the file set: a dump of every default would name other formats' settings (a
+    # documents source with kafka's `starting`), which the configuration refuses.
+    data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
     data["recovery_log"] = str(root / "log")
     data["staging"] = str(root / "staging")
     for binding in data["bindings"]:
         binding["table"] = str(root / "tables" / binding["name"])
-        binding["source"]["path"] = _absolute(binding["source"]["path"])
+        if binding["source"].get("path") is not None:
+            binding["source"]["path"] = _absolute(binding["source"]["path"])
     if max_documents:
-        data["transaction"]["max_documents"] = max_documents
+        data.setdefault("transaction", {})["max_documents"] = max_documents
+    if max_files:
+        for binding in data["bindings"]:
+            if binding["source"]["format"] == "documents":
+                binding["source"]["max_files"] = max_files
     return data
 
 
@@ -632,7 +643,7 @@ class Drill:
         root = self.workdir / f"round-{self.round_no:03d}"
         root.mkdir(parents=True)
         (root / "runs").mkdir()
-        data = scratch_config(self.source_config, root, self.options.max_documents)
+        data = scratch_config(self.source_config, root, self.options.max_documents, self.options.max_files)
         self.config = parse_config(data, "drill scratch config")
         self.config_path = root / "pipeline.yaml"
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -132,6 +132,10 @@ def test_scratch_config_never_points_at_the_real_pipeline(tmp_path: Path) -> Non
         assert value.startswith(str(tmp_path / "scratch"))
     assert [b["source"]["path"] for b in data["bindings"]] == [b.source.path for b in cfg.bindings]
     assert data["transaction"]["max_documents"] == 3
+    # The drill runs it: it must read back as a configuration (a dump of every default did not:
+    # it set the kafka source's settings on documents sources), with --max-files applied.
+    again = parse_config(scratch_config(cfg, tmp_path / "scratch", max_files=1), "scratch")
+    assert [b.source.max_files for b in again.bindings] == [1, 1]
     # mid-load needs a binding that loads; both bindings here are lastWriteWins.
     assert set(unreachable_points(cfg)) == {"mid-load"}
 
