@@ -24,6 +24,9 @@ app = typer.Typer(
 
 ConfigOption = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML).")
 MasterOption = typer.Option(None, "--master", help="Spark master, e.g. spark://host:7077 (default: the config's, local[*]).")
+RemoteOption = typer.Option(
+    None, "--remote", help="Spark Connect server, e.g. sc://host:15002 (default: the config's spark.remote, if any)."
+)
 
 
 def _fail(exc: MaterializerError) -> None:
@@ -31,12 +34,14 @@ def _fail(exc: MaterializerError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-def _session(config: Any, master: str | None):  # type: ignore[no-untyped-def]
-    from materializer.spark import build_session
+def _session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
+    from materializer.spark import session_for
     from materializer.storage import is_s3
 
     uses_s3 = any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings])
-    return build_session(master or config.spark.master, dict(config.spark.conf), s3=uses_s3)
+    # --master picks a classic master over the config's remote; --remote a server over both.
+    remote = remote or (None if master else config.spark.remote)
+    return session_for(master or config.spark.master, dict(config.spark.conf), remote=remote, s3=uses_s3)
 
 
 class _Printer:
@@ -68,6 +73,7 @@ class _Printer:
 def run(
     config: Path = ConfigOption,
     master: Optional[str] = MasterOption,
+    remote: Optional[str] = RemoteOption,
     follow: bool = typer.Option(False, "--follow", help="Keep polling the sources for new files."),
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", help="Stop after this many new epochs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
@@ -78,7 +84,7 @@ def run(
         cfg = load_config(config)
         from materializer.runtime import Runtime
 
-        spark = _session(cfg, master)
+        spark = _session(cfg, master, remote)
         stop = {"requested": False}
 
         def request_stop(signum: int, _frame: Any) -> None:
@@ -124,13 +130,14 @@ def run(
 def status(
     config: Path = ConfigOption,
     json_out: bool = typer.Option(False, "--json", help="Print as JSON."),
+    remote: Optional[str] = RemoteOption,
 ) -> None:
     """Show the last committed epoch, what each table records, and staged files pending."""
     try:
         cfg = load_config(config)
         from materializer.status import pipeline_status
 
-        spark = _session(cfg, None)
+        spark = _session(cfg, None, remote)
         st = pipeline_status(cfg, spark)
     except MaterializerError as exc:
         _fail(exc)

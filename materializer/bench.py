@@ -141,7 +141,9 @@ class MemorySampler:
     """
 
     def __init__(self, interval: float = 0.2) -> None:
-        import psutil
+        from materializer.extras import require
+
+        psutil = require("psutil", purpose="the benchmark's memory sampler")
 
         self._psutil = psutil
         self._me = psutil.Process()
@@ -930,7 +932,9 @@ def warmup(spark: "SparkSession", work: Path, options: BenchOptions) -> float:
 
 
 def machine() -> dict[str, Any]:
-    import psutil
+    from materializer.extras import require
+
+    psutil = require("psutil", purpose="the benchmark's machine description")
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -1053,7 +1057,9 @@ def _write(root: Path, report: dict[str, Any]) -> None:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from materializer.extras import require
+
+    matplotlib = require("matplotlib", purpose="the benchmark's chart")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,9 +15,43 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-SPARK_VERSION = "4.2"
 SCALA_VERSION = "2.13"
-DELTA_VERSION = "4.4.0"
+# The Delta release paired with each supported Spark minor version (the pairs the README lists
+# and tests/compat.sh tests). Delta 4.0's jar has no Spark version in its name; later ones do.
+DELTA_FOR_SPARK = {
+    "4.0": ("io.delta:delta-spark_2.13", "4.0.1"),
+    "4.2": (f"io.delta:delta-spark_4.2_{SCALA_VERSION}", "4.4.0"),
+}
+DEFAULT_SPARK_VERSION = "4.2"
+
+
+def installed_spark_version() -> str:
+    """The installed pyspark's minor version (``4.2``), or the default pair's without pyspark."""
+    try:
+        from pyspark import __version__
+    except ImportError:
+        return DEFAULT_SPARK_VERSION
+    return ".".join(__version__.split(".")[:2])
+
+
+def delta_package(spark_version: str | None = None) -> str:
+    """The Maven coordinates of the Delta jar that matches the installed (or given) Spark."""
+    version = spark_version or installed_spark_version()
+    if version not in DELTA_FOR_SPARK:
+        from materializer.errors import ConfigError
+
+        supported = ", ".join(sorted(DELTA_FOR_SPARK))
+        raise ConfigError(
+            f"pyspark {version} has no tested Delta release here (supported Spark: {supported}); "
+            "install the pinned pair with `pip install 'materializer[local]'`, or run on a Spark "
+            "Connect server or cluster that has Delta (--remote / --master)"
+        )
+    artifact, delta = DELTA_FOR_SPARK[version]
+    return f"{artifact}:{delta}"
+
+
+SPARK_VERSION = installed_spark_version()
+DELTA_VERSION = DELTA_FOR_SPARK.get(SPARK_VERSION, DELTA_FOR_SPARK[DEFAULT_SPARK_VERSION])[1]
 
 
 def _bundled_hadoop_version(default: str = "3.5.0") -> str:
@@ -37,7 +71,7 @@ def _bundled_hadoop_version(default: str = "3.5.0") -> str:
 # hadoop-client jars fails at run time with NoSuchMethodError / ClassNotFoundException. pyspark
 # 4.2.0 ships Hadoop 3.5.0, whose hadoop-aws pulls the AWS SDK v2 bundle (~690 MB, cached once).
 HADOOP_AWS_VERSION = _bundled_hadoop_version()
-DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_VERSION}_{SCALA_VERSION}:{DELTA_VERSION}"
+DELTA_PACKAGE = f"{DELTA_FOR_SPARK.get(SPARK_VERSION, DELTA_FOR_SPARK[DEFAULT_SPARK_VERSION])[0]}:{DELTA_VERSION}"
 HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}"
 
 # Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
@@ -54,6 +88,8 @@ BASE_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+    # SparkContext.setLogLevel at start-up, without touching sparkContext (DESIGN invariant 11).
+    "spark.log.level": "ERROR",
 }
 
 
@@ -81,7 +117,7 @@ def build_session(
         return existing
     from pyspark.sql import SparkSession
 
-    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else [])
+    packages = [delta_package()] + ([HADOOP_AWS_PACKAGE] if s3 else [])
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = dict(BASE_CONF)
     settings["spark.jars.packages"] = ",".join(packages)
@@ -106,8 +142,74 @@ def build_session(
     finally:
         os.dup2(saved, 1)
         os.close(saved)
-    session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSession":
+    """A Spark Connect session to ``url`` (``sc://host:port``); the server brings Delta.
+
+    Only SQL settings can be given to a Connect session (the server's own settings are fixed
+    when it starts), so ``conf`` keys other than ``spark.sql.*`` / ``spark.databricks.*`` are
+    refused rather than silently ignored.
+    """
+    from materializer.errors import ConfigError
+
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError as exc:
+        raise ConfigError(
+            f"--remote {url}: the Spark Connect client is not installed ({exc}); "
+            "install it with `pip install 'materializer[connect]'`"
+        ) from None
+    fixed = sorted(k for k in (conf or {}) if not k.startswith(("spark.sql.", "spark.databricks.")))
+    if fixed:
+        raise ConfigError(
+            f"spark.conf {fixed} cannot be set from a Spark Connect client: set them where the "
+            f"server at {url} is started"
+        )
+    # As pyspark's own builder does for a remote session: from now on this process is in Connect
+    # mode, so ``functions.col`` & co. build Connect columns (classic ones need a local JVM).
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = ConnectSession.builder.remote(url).getOrCreate()
+    for key, value in (conf or {}).items():
+        session.conf.set(key, value)
+    return session
+
+
+def session_for(
+    master: str, conf: dict[str, str] | None = None, *, remote: str | None = None, s3: bool = False
+) -> "SparkSession":
+    """The run's session: a Spark Connect one when ``remote`` is given, else :func:`build_session`."""
+    if remote:
+        return remote_session(remote, conf)
+    return build_session(master, conf, s3=s3)
+
+
+def is_connect(spark: "SparkSession") -> bool:
+    """Is ``spark`` a Spark Connect session (Databricks serverless / standard access mode)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def isolated_session(spark: "SparkSession") -> "SparkSession":
+    """A session sharing ``spark``'s cluster but not its SQL settings, for the session-wide txn confs.
+
+    Classic: ``newSession()`` (same SparkContext, its own SQL conf). Spark Connect has no
+    ``newSession`` (it raises ``JVM_ATTRIBUTE_NOT_SUPPORTED``): ``cloneSession()`` (pyspark 4.1+)
+    makes a server-side copy over the same connection and credentials. Where neither exists
+    (pyspark 4.0's Connect client) the session is shared; that is still safe for our own work,
+    because nothing else we run commits to Delta while the txn confs are set (prestaging writes
+    plain Parquet, loads only read), but another program's Delta writes in that same session
+    would carry our txn id: give the job a session of its own there.
+    """
+    if not is_connect(spark):
+        return spark.newSession()
+    clone = getattr(spark, "cloneSession", None)
+    if clone is not None:
+        try:
+            return clone()
+        except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
+            pass
+    return spark
 
 
 # s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session
