@@ -388,7 +388,7 @@ class DeltaDriver(Driver):
 
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
-        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
+        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
         rows = int(observation.get["rows"])

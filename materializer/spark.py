@@ -206,6 +206,9 @@ def isolated_session(spark: "SparkSession") -> "SparkSession":
     clone = getattr(spark, "cloneSession", None)
     if clone is not None:
         try:
+            # The server creates a session at its first request, and cannot clone one it has not
+            # seen (SESSION_NOT_FOUND): make sure it has.
+            spark.conf.get("spark.sql.session.timeZone")
             return clone()
         except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
             pass
