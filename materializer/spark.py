@@ -171,8 +171,30 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
     # mode, so ``functions.col`` & co. build Connect columns (classic ones need a local JVM).
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     session = ConnectSession.builder.remote(url).getOrCreate()
+    _close_at_exit(session)
     for key, value in (conf or {}).items():
         session.conf.set(key, value)
+    return session
+
+
+def _close_at_exit(session: "SparkSession") -> "SparkSession":
+    """Release a Connect session (and close its gRPC channel) when the process exits normally.
+
+    Left to ``SparkSession.__del__`` during interpreter shutdown, closing the channel can wait
+    forever in gRPC (measured: ``materializer run --remote`` finished its work, then never exited).
+    """
+    import atexit
+
+    def close() -> None:
+        try:
+            session.stop()
+        except Exception:  # noqa: BLE001 - a clone lacks some of stop()'s attributes: close it directly
+            try:
+                session.client.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+
+    atexit.register(close)
     return session
 
 
@@ -209,7 +231,7 @@ def isolated_session(spark: "SparkSession") -> "SparkSession":
             # The server creates a session at its first request, and cannot clone one it has not
             # seen (SESSION_NOT_FOUND): make sure it has.
             spark.conf.get("spark.sql.session.timeZone")
-            return clone()
+            return _close_at_exit(clone())
         except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
             pass
     return spark
