@@ -406,7 +406,8 @@ def merge_sql(target: str, source_view: str, key: list[str], columns: list[str],
         return "`" + name.replace("`", "``") + "`"
 
     condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
-    updates = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
+    # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
+    updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
     names = ", ".join(q(c) for c in columns)
     values = ", ".join(f"s.{q(c)}" for c in columns)
     return (
