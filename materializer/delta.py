@@ -111,12 +111,18 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str) -> TableSta
 
     Reads only the Delta log (no data files), with DataFrame and SQL calls (Spark Connect clean).
     """
-    found = detail(spark, table)
-    if found is None:
-        return TableState(False, None, None)
+    if table.is_path:
+        # One command fewer on the apply path: the history says whether the table exists.
+        location: str | None = table.location
+    else:
+        found = detail(spark, table)
+        if found is None:
+            return TableState(False, None, None)
+        location = str(found["location"])
     version = table_version(spark, table)
-    assert version is not None
-    return TableState(True, version, txn_version(spark, table, app_id, version=version, location=found["location"]))
+    if version is None:
+        return TableState(False, None, None)
+    return TableState(True, version, txn_version(spark, table, app_id, version=version, location=location))
 
 
 def table_version(spark: "SparkSession", table: TableRef) -> int | None:
