@@ -37,6 +37,9 @@ def bench(
         False, "--infer-schema", help="Ours infers each epoch's types instead of using the declared source.schema."
     ),
     pipelined: bool = typer.Option(True, "--pipelined/--serial", help="Ours applies epoch N while reading N+1."),
+    kafka: Optional[str] = typer.Option(
+        None, "--kafka", help="Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
@@ -60,6 +63,7 @@ def bench(
         keep_data=keep_data,
         declared_schema=not infer_schema,
         pipelined=pipelined,
+        kafka=kafka,
         spark_conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
     )
     if table_rows:

@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 
 from materializer.config import DEFAULT_CONFIG, load_config
-from materializer.errors import MaterializerError
+from materializer.errors import ConfigError, MaterializerError
 
 
 def _fail(exc: MaterializerError) -> None:
@@ -127,25 +127,39 @@ def _print_report(result: Any, console: Any) -> None:
     for p in result.problems:
         console.print(f"[red]problem:[/] {p}")
     for point, why in result.unreachable.items():
-        console.print(f"point {point} not reachable with this configuration: {why}")
+        console.print(f"{point}: not reachable with this configuration: {why}")
+    for missed in result.missed:
+        console.print(f"[yellow]kill not landed:[/] {missed}")
     console.print(f"report: {result.report_path}")
 
 
 def recover(
     config: Path = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML)."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    skip_epoch: Optional[int] = typer.Option(
+        None, "--skip-epoch", help="A stuck epoch (see `status`): set its rows for --binding aside, kept as Parquet."
+    ),
+    binding: Optional[str] = typer.Option(None, "--binding", help="With --skip-epoch: the binding whose table refuses the epoch."),
+    keep_to: Optional[str] = typer.Option(None, "--keep-to", help="With --skip-epoch: where to keep the rows (default: in the staging area)."),
 ) -> None:
     """Repair a damaged recovery-log entry or staged file: re-stage the epoch from the source, same epoch number.
 
+    With --skip-epoch N --binding B: set a stuck epoch's rows for B aside (kept whole) and commit N without them.
     Stop the pipeline first. Then run `materializer run` to apply what was re-staged.
     """
     try:
         cfg = load_config(config)
+        if (skip_epoch is None) != (binding is None):
+            raise ConfigError("--skip-epoch and --binding go together: the stuck epoch and the binding whose table refuses it")
         from cli.main import _session
         from materializer.recover import recover as do_recover
+        from materializer.recover import skip_epoch as do_skip
 
         spark = _session(cfg, None)
-        summary = do_recover(cfg, spark)
+        if skip_epoch is not None and binding is not None:
+            summary = do_skip(cfg, spark, skip_epoch, binding, keep_to)
+        else:
+            summary = do_recover(cfg, spark)
     except MaterializerError as exc:
         _fail(exc)
         return

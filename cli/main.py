@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from materializer.config import DEFAULT_CONFIG, load_config
-from materializer.errors import MaterializerError
+from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(
     name="materializer",
@@ -29,29 +29,81 @@ RemoteOption = typer.Option(
 )
 
 
+_options = {"verbose": False}
+log = logging.getLogger("materializer")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from materializer import __version__
+
+        typer.echo(f"materializer {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Spark's and Ivy's own output (start-up, jar fetching)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    _options["verbose"] = verbose
+
+
 def _fail(exc: MaterializerError) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(exc.exit_code)
 
 
-def _session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
-    from materializer.spark import session_for
+def _fetch_report(line: str) -> None:
+    """The first run's jar download: one line on stderr, its progress rewritten in place on a terminal."""
+    if line.startswith("  ") and "downloaded" in line:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line.strip() + " " * 10)
+            sys.stderr.flush()
+        return
+    if line.startswith("  fetched") and sys.stderr.isatty():
+        sys.stderr.write("\r")
+    typer.echo(line.strip() if line.startswith("  ") else line, err=True)
+
+
+def _uses_s3(config: Any) -> bool:
     from materializer.storage import is_s3
 
-    uses_s3 = any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings])
+    paths = [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
+    return any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + paths)
+
+
+def _uses_kafka(config: Any) -> bool:
+    return any(b.source.format == "kafka" for b in config.bindings)
+
+
+def _session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
+    from materializer.spark import session_for
+
     # --master picks a classic master over the config's remote; --remote a server over both.
     remote = remote or (None if master else config.spark.remote)
-    return session_for(master or config.spark.master, dict(config.spark.conf), remote=remote, s3=uses_s3)
+    return session_for(
+        master or config.spark.master,
+        dict(config.spark.conf),
+        remote=remote,
+        s3=_uses_s3(config),
+        kafka=_uses_kafka(config),
+        verbose=_options["verbose"],
+        report=_fetch_report,
+    )
 
 
 class _Printer:
-    """Prints the run's progress events on stderr, one line each."""
+    """Sends the run's progress events to the ``materializer`` logger, one line each (stderr by default)."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
 
     def event(self, name: str, **fields: Any) -> None:
         if self.quiet:
+            return
+        if name == "progress":
+            log.debug("%s", fields["record"].summary())
             return
         if name == "opened":
             msg = f"opened pipeline {fields['pipeline']} at epoch {fields['epoch']} (writer {fields['writer']})"
@@ -66,7 +118,50 @@ class _Printer:
             msg = f"deleted {fields['files']} orphaned staged files"
         else:
             return
-        typer.echo(msg, err=True)
+        log.info("%s", msg)
+
+
+def _log_to_stderr(quiet: bool) -> None:
+    """Progress lines go through the ``materializer`` logger; the CLI shows them on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.DEBUG if _options["verbose"] else logging.WARNING if quiet else logging.INFO)
+
+
+def _metrics(pipeline_id: str, port: int | None, host: str, textfile: Path | None, push: str | None) -> Any:
+    if port is None and textfile is None and push is None:
+        return None
+    from materializer.metrics import PrometheusCollector
+
+    metrics = PrometheusCollector(pipeline_id)
+    if port is not None:
+        try:
+            bound_host, bound_port, _server = metrics.serve(port, host)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc}); choose another port") from exc
+        log.warning("metrics: http://%s:%d/metrics", bound_host, bound_port)
+    if textfile is not None:
+        metrics.textfile(str(textfile))
+    return metrics
+
+
+def _stop(spark: Any) -> None:
+    """Stop the session we started before exiting: its JVM no longer shares our stderr (see
+    spark.py), so without this the command could end while the JVM is still shutting down (a
+    cluster would list the application as running for a while)."""
+    from materializer.spark import stop_session
+
+    stop_session(spark)
+
+
+def _push(metrics: Any, gateway: str) -> None:
+    try:
+        metrics.push(gateway)
+    except OSError as exc:
+        # The run itself succeeded: say the push failed, without failing the run.
+        log.warning("metrics: the push to %s failed (%s); the run's epochs are committed and applied", gateway, exc)
 
 
 @app.command()
@@ -78,12 +173,39 @@ def run(
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", help="Stop after this many new epochs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    events: Optional[str] = typer.Option(
+        None, "--events", help="'jsonl': one JSON line per epoch (progress records) and the summary, on stdout."
+    ),
+    events_file: Optional[Path] = typer.Option(None, "--events-file", help="Append the JSON lines to this file instead of stdout."),
+    metrics_port: Optional[int] = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port while running (0: any free port)."
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds (default loopback only)."),
+    metrics_file: Optional[Path] = typer.Option(
+        None, "--metrics-file", help="Write Prometheus metrics to this file after each epoch (node-exporter textfile format)."
+    ),
+    metrics_push: Optional[str] = typer.Option(None, "--metrics-push", help="Push metrics to this Pushgateway URL when the run ends."),
 ) -> None:
     """Run the pipeline until its sources are drained (or forever with --follow)."""
+    if events not in (None, "jsonl"):
+        _fail(ConfigError(f"--events {events!r}: the only format is 'jsonl'"))
+    if events_file is not None:
+        events = "jsonl"
+    stream = None
     try:
         cfg = load_config(config)
+        from materializer.progress import JsonLinesCollector, Tee
         from materializer.runtime import Runtime
 
+        _log_to_stderr(quiet or json_out)
+        sinks: list[Any] = [_Printer(quiet or json_out)]
+        if events == "jsonl":
+            stream = open(events_file, "a") if events_file is not None else sys.stdout
+            sinks.append(JsonLinesCollector(stream))
+        metrics = _metrics(cfg.pipeline_id, metrics_port, metrics_host, metrics_file, metrics_push)
+        if metrics is not None:
+            sinks.append(metrics)
+        collector = Tee(*sinks)
         spark = _session(cfg, master, remote)
         stop = {"requested": False}
 
@@ -91,26 +213,34 @@ def run(
             stop["requested"] = True
 
         signal.signal(signal.SIGTERM, request_stop)
-        runtime = Runtime(cfg, spark, _Printer(quiet or json_out))
-        summary = runtime.run(follow=follow, max_epochs=max_epochs, should_stop=lambda: stop["requested"])
+        try:
+            runtime = Runtime(cfg, spark, collector)
+            summary = runtime.run(follow=follow, max_epochs=max_epochs, should_stop=lambda: stop["requested"])
+        finally:
+            _stop(spark)
+        if metrics is not None and metrics_push:
+            _push(metrics, metrics_push)
     except MaterializerError as exc:
         _fail(exc)
         return
     docs = sum(sum(e.documents.values()) for e in summary.epochs)
+    result = {
+        "pipeline_id": summary.pipeline_id,
+        "opened_at_epoch": summary.opened_at_epoch,
+        "last_epoch": summary.last_epoch,
+        "epochs": len(summary.epochs),
+        "documents": docs,
+        "reapplied": summary.reapplied.model_dump() if summary.reapplied else None,
+        "seconds": round(summary.seconds, 3),
+    }
+    if stream is not None:
+        collector.event("finished", **result)
+        if stream is not sys.stdout:
+            stream.close()
+        else:
+            return  # stdout carries the JSON lines only
     if json_out:
-        typer.echo(
-            json.dumps(
-                {
-                    "pipeline_id": summary.pipeline_id,
-                    "opened_at_epoch": summary.opened_at_epoch,
-                    "last_epoch": summary.last_epoch,
-                    "epochs": len(summary.epochs),
-                    "documents": docs,
-                    "reapplied": summary.reapplied.model_dump() if summary.reapplied else None,
-                    "seconds": round(summary.seconds, 3),
-                }
-            )
-        )
+        typer.echo(json.dumps(result))
         return
     if summary.reapplied:
         statuses = ", ".join(f"{r.binding} {r.status}" for r in summary.reapplied.results) or "nothing to apply"
@@ -137,8 +267,18 @@ def status(
         cfg = load_config(config)
         from materializer.status import pipeline_status
 
-        spark = _session(cfg, None, remote)
-        st = pipeline_status(cfg, spark)
+        # Path tables are read by delta-rs; Spark starts only for a table that needs it (a catalog name).
+        started: list[Any] = []
+
+        def start_spark() -> Any:
+            started.append(_session(cfg, None, remote))
+            return started[0]
+
+        try:
+            st = pipeline_status(cfg, start_spark)
+        finally:
+            for spark in started:
+                _stop(spark)
     except MaterializerError as exc:
         _fail(exc)
         return
@@ -159,6 +299,19 @@ def status(
         raise typer.Exit(1)
 
 
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the pipeline YAML (for editors and CI checks)."""
+    typer.echo(json.dumps(config_schema(), indent=2))
+
+
+def config_schema() -> dict[str, Any]:
+    """pydantic's JSON Schema of PipelineConfig, with the draft it follows."""
+    from materializer.config import PipelineConfig
+
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **PipelineConfig.model_json_schema()}
+
+
 from cli.bench import bench as _bench  # noqa: E402 - issue #7; imports nothing heavy
 
 app.command(name="bench")(_bench)
@@ -171,6 +324,10 @@ _register_drill(app)  # `materializer drill` and `materializer recover`
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import warnings
+
+    # pyspark's import-time advice about pandas 3 concerns its pandas API, which we do not use.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     app()
 
 

@@ -6,10 +6,11 @@ one file holding a single document (the fixed cost of a one-row epoch), and appl
 files three ways, each to its own copy of the same seeded table:
 
 * **ours**: the materializer end to end, in this process (``Runtime(config, spark).run()``), with
-  ``max_documents = epoch_rows`` so each file is one epoch. A collector timestamps the runtime's
-  events, which splits each epoch into *read* (Python line scan + spool), *stage* (Spark parse,
-  combine, Parquet write, recovery-log commit) and *apply* (txn check, staged-file check, MERGE,
-  garbage collection).
+  ``source.max_files = 1`` so each file is one epoch. A collector timestamps the runtime's
+  events, which splits each epoch into *read* (listing, the Spark job that checks every document),
+  *stage* (Spark parse, combine, Parquet write, recovery-log commit) and *apply* (txn check,
+  staged-file check, MERGE, garbage collection), and records per epoch the CPU seconds of this
+  Python process (the driver) and of the Spark JVM (psutil).
 * **bare**: what a user without exactly-once machinery would do with the same rows: read the
   JSON file with a fixed schema, keep the last document per key, write Parquet (*stage*), then a
   plain ``MERGE`` of that Parquet (*merge*; no txn ids, no checks). The bare MERGE is the floor
@@ -18,6 +19,12 @@ files three ways, each to its own copy of the same seeded table:
   ``maxFilesPerTrigger=1`` (one file per micro-batch, so batches match our epochs),
   ``Trigger.AvailableNow``, and a ``foreachBatch`` that deduplicates and MERGEs with
   ``txnAppId``/``txnVersion`` = query id/batch id, the pattern Delta's documentation recommends.
+
+With ``--kafka BOOTSTRAP`` (issue 17), **ours from Kafka**: the same files' documents produced, in
+file order and keyed by id, to a fresh topic (not timed), then the materializer reading the topic
+(``format: kafka``, ``max_records`` = the epoch size, so epochs hold the same documents as the
+files) into its own copy of the seeded table: records per second from topic to table beside the
+same data from files.
 
 Then, on our table: the cost of a replayed, already-applied epoch (a second run of the drained
 pipeline: Open re-acknowledges the last epoch, which Delta already records); and, in
@@ -100,6 +107,10 @@ class BenchOptions:
     given it; False makes ours infer each epoch's types (one more Spark pass per epoch)."""
     pipelined: bool = True
     """Ours applies epoch N while reading N+1 (``transaction.pipelined``)."""
+    kafka: str | None = None
+    """Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."""
+    kafka_partitions: int = 2
+    """Partitions of the benchmark's topic."""
     mode: str = "custom"
 
     def __post_init__(self) -> None:
@@ -384,14 +395,39 @@ def _count(spark: "SparkSession", table: Path) -> int:
 # --- ours -----------------------------------------------------------------------------------------
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(this Python process's CPU seconds, its java children's: the Spark JVM), user + system.
+
+    CPU time is what #12's goal is stated in: it stays steady on a shared machine when wall time
+    does not, and it shows work done in the driver's Python apart from work done by Spark.
+    """
+    import psutil
+
+    me = psutil.Process()
+    times = me.cpu_times()
+    python = times.user + times.system
+    jvm = 0.0
+    for child in me.children(recursive=True):
+        try:
+            if "java" in child.name().lower():
+                t = child.cpu_times()
+                jvm += t.user + t.system
+        except psutil.Error:
+            continue
+    return python, jvm
+
+
 class TimingCollector(Collector):
-    """Timestamps the runtime's events (monotonic seconds)."""
+    """Timestamps the runtime's events (monotonic seconds) and the CPU seconds spent so far."""
 
     def __init__(self) -> None:
         self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.cpu: list[tuple[float, float]] = []
+        """Per event: (Python CPU seconds, JVM CPU seconds) of the process so far."""
 
     def event(self, name: str, **fields: Any) -> None:
         self.events.append((time.monotonic(), name, fields))
+        self.cpu.append(cpu_seconds())
 
 
 SCHEMA_DDL = "id BIGINT, name STRING, amount DOUBLE, qty BIGINT, updated BIGINT"
@@ -399,10 +435,15 @@ SCHEMA_DDL = "id BIGINT, name STRING, amount DOUBLE, qty BIGINT, updated BIGINT"
 
 
 def pipeline_config(
-    folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None
+    folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     options = options or BenchOptions()
-    source_config: dict[str, Any] = {"format": "documents", "path": str(source)}
+    # One generated file per epoch, as the peer's maxFilesPerTrigger=1.
+    source_config: dict[str, Any] = {"format": "documents", "path": str(source), "max_files": 1}
+    if topic is not None:
+        # The same documents from a topic: max_records = the epoch size, so epochs match the files.
+        source_config = {"format": "kafka", "bootstrap_servers": options.kafka, "topic": topic, "max_records": max_documents}
     if options.declared_schema:
         source_config["schema"] = SCHEMA_DDL
     return {
@@ -414,7 +455,9 @@ def pipeline_config(
     }
 
 
-def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def epoch_phases(
+    events: list[tuple[float, str, dict[str, Any]]], cpu: list[tuple[float, float]] | None = None
+) -> list[dict[str, Any]]:
     """Per epoch: read, stage, apply, and total, the epoch's share of the run's time.
 
     The runtime applies epoch N in the background while it reads N+1, so the phases overlap:
@@ -426,13 +469,19 @@ def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[s
     * apply: from the log commit to Acknowledged (txn check, MERGE, GC);
     * total: from the previous epoch's Acknowledged to this one's (from Open for the first epoch,
       which has nothing to overlap with): what each epoch adds to the run, i.e. its throughput.
+
+    With ``cpu`` (per event, the CPU seconds so far), each epoch also gets ``python_cpu`` and
+    ``jvm_cpu``: the CPU seconds of the same interval as ``total``.
     """
     opened: float | None = None
     read_at: dict[int, float] = {}
     documents: dict[int, int] = {}
     committed_at: dict[int, float] = {}
     acked_at: dict[int, float] = {}
-    for ts, name, fields in events:
+    cpu_at: dict[float, tuple[float, float]] = {}
+    for index, (ts, name, fields) in enumerate(events):
+        if cpu is not None and index < len(cpu):
+            cpu_at[ts] = cpu[index]
         if name == "opened" and opened is None:
             opened = ts
         elif name == "read":
@@ -450,8 +499,16 @@ def epoch_phases(events: list[tuple[float, str, dict[str, Any]]]) -> list[dict[s
         read, committed, acked = read_at[epoch], committed_at[epoch], acked_at[epoch]
         starts = [t for t in (opened, committed_at.get(epoch - 1), acked_at.get(epoch - 1)) if t is not None and t <= read]
         previous_ack = acked_at.get(epoch - 1)
+        start = previous_ack if previous_ack is not None else opened
+        figures: dict[str, Any] = {}
+        if start in cpu_at and acked in cpu_at:
+            figures = {
+                "python_cpu": cpu_at[acked][0] - cpu_at[start][0],
+                "jvm_cpu": cpu_at[acked][1] - cpu_at[start][1],
+            }
         out.append(
             {
+                **figures,
                 "epoch": epoch,
                 "documents": documents[epoch],
                 "read": read - max(starts),
@@ -520,8 +577,8 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     import materializer.sources.documents as documents_module
 
     for source in runtime.sources.values():
-        profiler.wrap(source, "next_batch", "read: source batch (Python scan, spool, Spark JSON read)")
-    profiler.wrap(documents_module, "_dataframe", "read: (inside the above) spark.read.json of the spool, schema inference")
+        profiler.wrap(source, "next_batch", "read: source batch (listing, Spark check job)")
+    profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema")
     profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, combine, Parquet)")
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
@@ -533,12 +590,13 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
 
 
 def run_ours(
-    spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None
+    spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     from materializer.config import parse_config
     from materializer.runtime import Runtime
 
-    cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options), "bench")
+    cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options, topic), "bench")
     collector = TimingCollector()
     marks: list[tuple[int, int | None]] = []
 
@@ -559,7 +617,7 @@ def run_ours(
     finally:
         profiler.close()
     seconds = time.monotonic() - started
-    phases = epoch_phases(collector.events)
+    phases = epoch_phases(collector.events, collector.cpu)
     previous = jobs_before
     for phase in phases:
         end = next((j for e, j in marks if e == phase["epoch"]), None)
@@ -589,6 +647,32 @@ def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:
         "spark_jobs": (jobs_after - jobs_before) if jobs_before is not None and jobs_after is not None else None,
         "job_names": job_names(spark, jobs_before, jobs_after),
     }
+
+
+def produce_topic(bootstrap: str, topic: str, partitions: int, files: list[Path]) -> float:
+    """The files' documents to a new topic, in file order, keyed by id (so a key's documents stay in
+    one partition, in order). Setup, not measured; returns its seconds."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    started = time.monotonic()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=60)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "batch.size": 1 << 20})
+    for path in files:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                key = json.loads(line)[KEY]
+                while True:
+                    try:
+                        producer.produce(topic, key=str(key).encode(), value=line.rstrip("\n").encode())
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"bench: could not produce every document to {topic}")
+    return time.monotonic() - started
 
 
 # --- bare -----------------------------------------------------------------------------------------
@@ -783,7 +867,7 @@ def _session_conf(options: BenchOptions) -> dict[str, str]:
 def session(options: BenchOptions) -> "SparkSession":
     from materializer.spark import build_session
 
-    return build_session(options.master, _session_conf(options), app_name="materializer-bench")
+    return build_session(options.master, _session_conf(options), app_name="materializer-bench", kafka=bool(options.kafka))
 
 
 def _summary(epochs: list[dict[str, Any]], big: int, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -848,6 +932,15 @@ def bench_config(
     with phase("ours"):
         ours = run_ours(spark, work / "ours", work / "source", work / "ours" / "table", epoch_rows, options)
     cfg = ours.pop("config")
+    kafka = None
+    if options.kafka:
+        _copy_table(seed, work / "kafka" / "table")
+        topic = f"materializer-bench-{root.parent.name}-{name}"
+        with phase("kafka: produce"):
+            result["kafka_produce_seconds"] = produce_topic(options.kafka, topic, options.kafka_partitions, collection.files)
+        with phase("kafka"):
+            kafka = run_ours(spark, work / "kafka", work / "source", work / "kafka" / "table", epoch_rows, options, topic=topic)
+        kafka.pop("config")
     peer = None
     if options.peer:
         with phase("peer"):
@@ -867,6 +960,8 @@ def bench_config(
     counts["bare"] = _count(spark, work / "bare" / "table")
     if peer is not None:
         counts["peer"] = _count(spark, work / "peer" / "table")
+    if kafka is not None:
+        counts["kafka"] = _count(spark, work / "kafka" / "table")
     if recovery is not None:
         recovery["table_rows_after"] = _count(spark, Path(recovery.pop("_table")))
         # The recovery run applies only epoch 1 (kept separate: its expected count is not the final one).
@@ -878,6 +973,8 @@ def bench_config(
         "seconds": ours["seconds"],
         "epochs": ours["epochs"],
         **_summary(ours["epochs"], big, ("read", "stage", "apply", "total")),
+        "median_python_cpu_seconds": _median([e["python_cpu"] for e in ours["epochs"] if e["epoch"] <= big and "python_cpu" in e]),
+        "median_jvm_cpu_seconds": _median([e["jvm_cpu"] for e in ours["epochs"] if e["epoch"] <= big and "jvm_cpu" in e]),
         "steps": {k: {**v, "seconds_per_epoch": v["seconds"] / max(1, len(ours["epochs"]))} for k, v in ours["steps"].items()},
         "median_spark_jobs": _median([e["spark_jobs"] for e in ours["epochs"] if e["epoch"] <= big and e.get("spark_jobs") is not None]),
         "wall_seconds_per_epoch": _wall_per_epoch(ours["epochs"], big),
@@ -890,6 +987,14 @@ def bench_config(
     }
     if peer is not None:
         result["peer"] = {"seconds": peer["seconds"], "epochs": peer["epochs"], **_summary(peer["epochs"], big, ("foreach_batch", "total"))}
+    if kafka is not None:
+        result["kafka"] = {
+            "seconds": kafka["seconds"],
+            "epochs": kafka["epochs"],
+            "partitions": options.kafka_partitions,
+            **_summary(kafka["epochs"], big, ("read", "stage", "apply", "total")),
+            "wall_seconds_per_epoch": _wall_per_epoch(kafka["epochs"], big),
+        }
     if replay is not None:
         result["replay"] = replay
     if recovery is not None:
@@ -898,7 +1003,7 @@ def bench_config(
     o, b = result["ours"], result["bare"]
     p = result.get("peer")
     big_rows = epoch_rows
-    for block in [o, b] + ([p] if p else []):
+    for block in [o, b] + ([p] if p else []) + ([result["kafka"]] if "kafka" in result else []):
         median_total = block.get("median_total_seconds")
         block["rows_per_second"] = big_rows / median_total if median_total else None
     result["ratios"] = {
@@ -910,6 +1015,8 @@ def bench_config(
         "ours_over_bare_merge": _ratio(o["median_total_seconds"], b["median_merge_seconds"]),
         "ours_over_peer": _ratio(o["median_total_seconds"], p["median_total_seconds"]) if p else None,
         "one_row_ours_over_peer": _ratio(o["one_row_seconds"], p["one_row_seconds"]) if p else None,
+        # the same documents from a topic vs from files, both ours end to end
+        "kafka_over_files": _ratio(result["kafka"]["median_total_seconds"], o["median_total_seconds"]) if "kafka" in result else None,
     }
     if sampler is not None:
         result["memory"] = {k.split("/", 1)[1]: v for k, v in sampler.peaks.items() if k.startswith(name + "/")}
@@ -1056,7 +1163,35 @@ def _write(root: Path, report: dict[str, Any]) -> None:
 # --- presentation ---------------------------------------------------------------------------------
 
 
+FIXED_COSTS = ("replay (ours, warm)", "replay (fresh process)", "1-row epoch (ours)", "1-row batch (peer)", "restart after kill")
+
+
+def fixed_costs(c: dict[str, Any]) -> list[float | None]:
+    """The right panel's figures for one configuration, in FIXED_COSTS order; None: not measured
+    (e.g. ``--no-recovery``, no peer), which the chart must not draw as a value."""
+    values = [
+        (c.get("replay") or {}).get("reapply_seconds"),
+        (c.get("recovery") or {}).get("replay_restart_seconds"),
+        c["ours"].get("one_row_seconds"),
+        (c.get("peer") or {}).get("one_row_seconds"),
+        (c.get("recovery") or {}).get("restart_seconds"),
+    ]
+    return [float(v) if isinstance(v, (int, float)) else None for v in values]
+
+
 def chart(report: dict[str, Any], path: Path) -> None:
+    from materializer.extras import require
+
+    require("matplotlib", purpose="the benchmark's chart")
+    fig = chart_figure(report)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_figure(report: dict[str, Any]) -> Any:
+    """The bench's figure (matplotlib), before it is saved."""
     from materializer.extras import require
 
     matplotlib = require("matplotlib", purpose="the benchmark's chart")
@@ -1087,17 +1222,19 @@ def chart(report: dict[str, Any], path: Path) -> None:
     left.set_title("Epoch time")
     left.legend(fontsize=7)
     # Right: fixed costs: replay, one-row epoch, recovery restart.
-    labels = ["replay (ours, warm)", "replay (fresh process)", "1-row epoch (ours)", "1-row batch (peer)", "restart after kill"]
+    labels = list(FIXED_COSTS)
+    step = 0.8 / len(configs)
     for i, c in enumerate(configs):
-        values = [
-            (c.get("replay") or {}).get("reapply_seconds") or 0,
-            (c.get("recovery") or {}).get("replay_restart_seconds") or 0,
-            c["ours"].get("one_row_seconds") or 0,
-            (c.get("peer") or {}).get("one_row_seconds") or 0,
-            (c.get("recovery") or {}).get("restart_seconds") or 0,
-        ]
-        values = [max(v, 1e-3) for v in values]
-        right.bar([j + i * (0.8 / len(configs)) for j in range(len(labels))], values, 0.8 / len(configs), label=c["name"])
+        values = fixed_costs(c)
+        # Only what was measured is drawn; a figure not measured is said so, never drawn as a bar
+        # (a log axis has no zero: a placeholder value would look like a real, tiny cost).
+        measured = [(j, v) for j, v in enumerate(values) if v is not None and v > 0]
+        bars = right.bar([j + i * step for j, _ in measured], [v for _, v in measured], step, label=c["name"])
+        colour = bars.patches[0].get_facecolor() if bars.patches else None
+        for j, v in enumerate(values):
+            if v is None:
+                right.text(j + i * step, 0.02, "not measured", transform=right.get_xaxis_transform(), rotation=90,
+                           ha="center", va="bottom", fontsize=6, color=colour or "grey")
     right.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
     # Log scale: a replay (tenths of a second) and a restart (a JVM start and a MERGE) on one axis.
     right.set_yscale("log")
@@ -1106,8 +1243,11 @@ def chart(report: dict[str, Any], path: Path) -> None:
     right.legend(fontsize=7)
     fig.suptitle(f"materializer bench ({report['options']['mode']}), {report['machine'].get('cpus')} CPUs")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _per_million(value: float | None, documents: int) -> float | None:
+    return None if value is None or not documents else value * 1_000_000 / documents
 
 
 def _fmt(value: float | None, unit: str = "s") -> str:
@@ -1129,7 +1269,10 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("epoch documents", lambda c: f"{c['epoch_rows']:,}"),
         ("table rows (seeded)", lambda c: f"{c['table_rows']:,}"),
         ("ours: s/epoch end to end", lambda c: _fmt(c["ours"]["median_total_seconds"])),
-        ("  read (scan, spool; overlaps apply)", lambda c: _fmt(c["ours"]["median_read_seconds"])),
+        ("  read (list, Spark checks; overlaps apply)", lambda c: _fmt(c["ours"]["median_read_seconds"])),
+        ("  Python (driver) CPU s/epoch", lambda c: _fmt(c["ours"].get("median_python_cpu_seconds"))),
+        ("  Python CPU s per 1M documents", lambda c: _fmt(_per_million(c["ours"].get("median_python_cpu_seconds"), c["epoch_rows"]))),
+        ("  JVM CPU s/epoch", lambda c: _fmt(c["ours"].get("median_jvm_cpu_seconds"))),
         ("  stage (parse, wait, Parquet, log)", lambda c: _fmt(c["ours"]["median_stage_seconds"])),
         ("  apply (checks, MERGE, GC)", lambda c: _fmt(c["ours"]["median_apply_seconds"])),
         ("  wall: Open to last big epoch / epochs", lambda c: _fmt(c["ours"].get("wall_seconds_per_epoch"))),
@@ -1141,6 +1284,10 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("ours rows/s", lambda c: _fmt(c["ours"]["rows_per_second"], "rows/s")),
         ("bare rows/s", lambda c: _fmt(c["bare"]["rows_per_second"], "rows/s")),
         ("peer rows/s", lambda c: _fmt((c.get("peer") or {}).get("rows_per_second"), "rows/s")),
+        ("ours from Kafka: s/epoch end to end", lambda c: _fmt((c.get("kafka") or {}).get("median_total_seconds"))),
+        ("  read (offsets, Spark reads + checks)", lambda c: _fmt((c.get("kafka") or {}).get("median_read_seconds"))),
+        ("ours from Kafka rows/s", lambda c: _fmt((c.get("kafka") or {}).get("rows_per_second"), "rows/s")),
+        ("Kafka / files (ours)", lambda c: _fmt(c["ratios"].get("kafka_over_files"), "x")),
         ("ours / bare", lambda c: _fmt(c["ratios"]["ours_over_bare"], "x")),
         ("ours apply / bare MERGE", lambda c: _fmt(c["ratios"]["ours_apply_over_bare_merge"], "x")),
         ("ours / bare MERGE", lambda c: _fmt(c["ratios"]["ours_over_bare_merge"], "x")),

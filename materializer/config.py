@@ -28,28 +28,151 @@ class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+KAFKA_FIELDS = (
+    "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
+    "on_data_loss",
+)
+"""SourceConfig fields that only the kafka format takes."""
+KAFKA_RESERVED_OPTIONS = (
+    "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
+    "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+    "failondataloss", "kafka.group.id", "groupidprefix", "kafka.enable.auto.commit",
+)
+"""Spark Kafka reader options the source sets itself (the epoch's exact range, data-loss handling)."""
+
+
 class SourceConfig(Model):
-    format: Literal["documents", "cdcv2"]
-    """``documents``: JSON Lines documents; ``cdcv2``: Materialize CDC v2 statements."""
-    path: str
-    """Folder (or S3 prefix) holding the source's files."""
+    format: Literal["documents", "cdcv2", "kafka"]
+    """``documents``: JSON Lines documents; ``cdcv2``: Materialize CDC v2 statements; ``kafka``: a
+    Kafka topic's records (see ``payload``)."""
+    path: str | None = None
+    """documents and cdcv2: folder (or S3 prefix) holding the source's files."""
     schema_: str | None = Field(default=None, alias="schema")
-    """documents only: the documents' fields as Spark DDL (``id BIGINT, name STRING, at TIMESTAMP``).
+    """documents (and kafka's documents payload): the documents' fields as Spark DDL (``id BIGINT,
+    name STRING, at TIMESTAMP``).
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
+    max_files: int = Field(default=1000, gt=0)
+    """documents only: most files one epoch takes (Auto Loader's maxFilesPerTrigger). An epoch is a
+    set of whole files in file-name order, at least one."""
+    max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    """documents only: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
+    taken whole. 512 MiB holds a million documents of up to ~500 bytes."""
+    bootstrap_servers: str | None = None
+    """kafka: the brokers, ``host:9092[,host2:9092]`` (Spark's ``kafka.bootstrap.servers``)."""
+    topic: str | None = None
+    """kafka: the topic to read (or ``topics`` for several)."""
+    topics: list[str] | None = Field(default=None, min_length=1)
+    """kafka: several topics read as one collection."""
+    starting: Any = "earliest"
+    """kafka: where a new pipeline starts: ``earliest``, ``latest``, ``{timestamp: <epoch ms>}`` (the
+    first record at or after it, per partition), or offsets ``{topic: {partition: offset}}``
+    (partitions not listed start at their earliest). Once an epoch is committed the recovery log's
+    offsets are the only position used."""
+    max_records: int | None = Field(default=None, gt=0)
+    """kafka: most records one epoch takes, shared among partitions in proportion to their backlog
+    (Spark's maxOffsetsPerTrigger); default ``transaction.max_documents``."""
+    payload: Literal["documents", "debezium", "cdcv2"] = "documents"
+    """kafka: what a record's value holds: ``documents`` (a JSON document, as the documents source
+    reads), ``debezium`` (a Debezium change event, JSON, with or without its schema envelope);
+    ``cdcv2`` is not built yet."""
+    key_from: Literal["value", "message"] = "value"
+    """kafka, documents payload: where the key fields are. ``value``: in the document. ``message``: in
+    the record's key, a JSON object of the key fields (``{"id": 17}``, as Kafka Connect's JSON
+    converter writes it, with or without its schema envelope), or with one key field any JSON
+    scalar or plain text; a record with a null value (a tombstone) then deletes that key."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """kafka: options handed to Spark's Kafka reader as they are, e.g. security
+    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``)."""
+    client_options: dict[str, str] = Field(default_factory=dict)
+    """kafka: librdkafka settings of the driver's offset look-ups (the Python admin client), e.g.
+    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``; ``bootstrap.servers`` is set."""
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    """kafka: records the pipeline had not read that the broker no longer has (retention, deleted
+    records). ``fail`` stops the run naming the partition and offsets; ``skip`` goes on from the
+    earliest offset still there and logs a warning naming what was lost."""
 
     @property
     def schema_ddl(self) -> str | None:
         return self.schema_
 
+    @property
+    def topic_names(self) -> list[str]:
+        """kafka: the topics read, in order."""
+        return [self.topic] if self.topic is not None else list(self.topics or [])
+
     @model_validator(mode="after")
     def _schema_only_for_documents(self) -> "SourceConfig":
-        if self.schema_ is not None and self.format != "documents":
-            raise ValueError("schema is only for the documents format (cdcv2 updates carry their own types)")
+        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload == "documents")
+        if self.schema_ is not None and not documents_like:
+            raise ValueError("schema is only for documents (the documents format, or kafka's documents payload)")
+        defaults = SourceConfig.model_fields
+        if self.format != "documents" and (
+            self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
+        ):
+            raise ValueError(
+                "max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents, "
+                "kafka max_records)"
+            )
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")
         return self
+
+    @model_validator(mode="after")
+    def _kafka_fields(self) -> "SourceConfig":
+        if self.format != "kafka":
+            given = [name for name in KAFKA_FIELDS if name in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for the kafka format (this source is {self.format})")
+            if self.path is None:
+                raise ValueError(f"path is required for the {self.format} format: the folder (or S3 prefix) of its files")
+            return self
+        if self.path is not None:
+            raise ValueError("path is not for the kafka format: give bootstrap_servers and topic (or topics)")
+        if not self.bootstrap_servers:
+            raise ValueError("bootstrap_servers is required for the kafka format, e.g. 'broker1:9092,broker2:9092'")
+        if (self.topic is None) == (self.topics is None):
+            raise ValueError("give exactly one of topic (one topic) or topics (a list)")
+        names = self.topic_names
+        if len(set(names)) != len(names) or any(not n for n in names):
+            raise ValueError(f"topics must be distinct, non-empty names: {names}")
+        if self.payload == "cdcv2":
+            raise ValueError(
+                "payload cdcv2 is not built yet for kafka: write the CDC v2 statements to files and use format cdcv2, "
+                "or use payload documents / debezium"
+            )
+        if self.key_from == "message" and self.payload != "documents":
+            raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
+        _check_starting(self.starting, names)
+        for key in self.options:
+            if key.lower() in KAFKA_RESERVED_OPTIONS:
+                raise ValueError(
+                    f"options.{key}: the kafka source sets this itself (the epoch's exact offsets, data-loss checks); "
+                    "use bootstrap_servers, topic(s), starting and on_data_loss instead"
+                )
+        return self
+
+
+def _check_starting(starting: Any, topics: list[str]) -> None:
+    """``earliest``, ``latest``, ``{timestamp: ms}`` or ``{topic: {partition: offset}}``."""
+    if starting in ("earliest", "latest"):
+        return
+    hint = "starting must be 'earliest', 'latest', {timestamp: <epoch milliseconds>} or {<topic>: {<partition>: <offset>}}"
+    if not isinstance(starting, dict) or not starting:
+        raise ValueError(f"{hint}; found {starting!r}")
+    if set(starting) == {"timestamp"}:
+        if not isinstance(starting["timestamp"], int) or isinstance(starting["timestamp"], bool) or starting["timestamp"] < 0:
+            raise ValueError(f"{hint}; the timestamp must be a whole number of milliseconds, found {starting['timestamp']!r}")
+        return
+    for topic, offsets in starting.items():
+        if topic not in topics:
+            raise ValueError(f"{hint}; {topic!r} is not one of the source's topics {topics}")
+        if not isinstance(offsets, dict):
+            raise ValueError(f"{hint}; starting.{topic} must map partitions to offsets")
+        for partition, offset in offsets.items():
+            if not str(partition).isdigit() or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"{hint}; starting.{topic}: partition {partition!r} -> {offset!r} is not a partition number and an offset >= 0")
 
 
 class BindingConfig(Model):
@@ -65,6 +188,14 @@ class BindingConfig(Model):
     """``standard``: fully reduced rows, MERGE by key; ``delta_updates``: append per-epoch combines."""
     reductions: dict[str, Strategy] = Field(default_factory=dict)
     """Per-field reduction strategy; fields not listed are lastWriteWins."""
+    previous_names: list[str] = Field(default_factory=list)
+    """Names this binding had before (a rename): its recovery-log state and the table's commits
+    tagged with an old name are taken over, so the source is not read again from the start."""
+    adopt_table: bool = False
+    """Write to a table that holds commits of another pipeline, another binding, or another
+    writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
+    written; on, the table is written on top of what it holds (README: 'Sharing or taking over a
+    table')."""
 
     @field_validator("name")
     @classmethod
@@ -88,6 +219,11 @@ class BindingConfig(Model):
         for field in self.reductions:
             if field in self.key:
                 raise ValueError(f"reductions: {field!r} is a key field and cannot be reduced")
+        for old in self.previous_names:
+            if not _IDENT.match(old):
+                raise ValueError(f"previous_names: {old!r} is not a binding name (letters, digits, underscores)")
+            if old == self.name:
+                raise ValueError(f"previous_names: {old!r} is the binding's own name")
         return self
 
     @property
@@ -100,7 +236,8 @@ class BindingConfig(Model):
 
 class TransactionConfig(Model):
     max_documents: int = Field(default=100_000, gt=0)
-    """Largest number of source documents (or CDC updates) one binding contributes to an epoch."""
+    """cdcv2: largest number of CDC updates one binding contributes to an epoch. The documents
+    source takes whole files instead, bounded by its ``source.max_files`` / ``source.max_bytes``."""
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     """With ``--follow``: how long to wait before looking for new input again."""
     pipelined: bool = True
@@ -165,13 +302,35 @@ class PipelineConfig(Model):
 
     @model_validator(mode="after")
     def _bindings_distinct(self) -> "PipelineConfig":
+        from materializer.delta import config_identity
+
         names = [b.name for b in self.bindings]
-        tables = [b.table for b in self.bindings]
-        for what, values in (("name", names), ("table", tables)):
-            seen = {v for v in values if values.count(v) > 1}
-            if seen:
-                raise ValueError(f"two bindings share the {what} {sorted(seen)[0]!r}")
+        for old in (n for b in self.bindings for n in b.previous_names):
+            names.append(old)
+        seen = {v for v in names if names.count(v) > 1}
+        if seen:
+            raise ValueError(f"two bindings share the name {sorted(seen)[0]!r} (names and previous_names)")
+        # Two spellings of one path (relative/absolute, ./, a trailing slash, s3a:// vs s3://) are
+        # one table: the second binding's MERGE would carry the same txn id and be skipped.
+        # Catalog names are resolved at Open, when Spark can tell where they live.
+        identities: dict[str, str] = {}
+        for b in self.bindings:
+            identity = config_identity(b.table)
+            if identity in identities:
+                raise ValueError(
+                    f"bindings {identities[identity]!r} and {b.name!r} share the table {identity} (however spelled); "
+                    "a table takes one binding: give each its own table"
+                )
+            identities[identity] = b.name
         return self
+
+    @property
+    def staging_root(self) -> str:
+        """This pipeline's own area of the staging store: ``<staging>/<pipeline_id>``.
+
+        Two pipelines given one ``staging`` folder thus never list, let alone delete, each
+        other's staged files or spools (DESIGN invariant 10)."""
+        return self.staging.rstrip("/") + "/" + self.pipeline_id
 
     def binding(self, name: str) -> BindingConfig:
         for binding in self.bindings:
@@ -206,7 +365,12 @@ def load_config(path: str | Path) -> PipelineConfig:
             f"{path}: configuration file not found (run from the project folder, or pass --config FILE)"
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start} cannot be decoded): "
+            "save the configuration file as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_config(data, str(path))

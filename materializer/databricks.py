@@ -3,7 +3,7 @@
 The bundle (``conf/databricks.yml``) declares::
 
     python_wheel_task:
-      package_name: materializer
+      package_name: delta_materializer       # the distribution (pyproject.toml [project] name)
       entry_point: materializer_job          # [project.scripts] in pyproject.toml
       parameters: ["--config", "/Volumes/<catalog>/<schema>/<volume>/orders.yaml"]
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from materializer.config import load_config
 from materializer.errors import ConfigError, MaterializerError
-from materializer.progress import Collector
+from materializer.progress import Collector, EpochProgress, utc_now
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,10 +39,15 @@ if TYPE_CHECKING:
 
 
 class _Log(Collector):
-    """Progress on the job's stdout (the run page's output), one JSON line per event."""
+    """Progress on the job's stdout (the run page's output), one timed JSON line per event, and
+    one ``progress`` line per applied epoch (the same record as ``materializer run --events jsonl``)."""
 
     def event(self, name: str, **fields: object) -> None:
-        if name in ("opened", "committed", "applied", "orphans_deleted"):
+        record = fields.get("record")
+        if name == "progress" and isinstance(record, EpochProgress):
+            print(record.to_json(), flush=True)
+        elif name in ("opened", "committed", "applied", "orphans_deleted"):
+            fields = {"at": utc_now(), **fields}
             print(json.dumps({"event": name, **fields}, default=str), flush=True)
 
 
@@ -55,9 +60,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--follow", action="store_true", help="Keep polling the sources (a continuous job) instead of draining them."
     )
+    from materializer import __version__
+
+    parser.add_argument("--version", action="version", version=f"materializer {__version__}")
     try:
         return parser.parse_args(list(argv))
     except SystemExit as exc:
+        if exc.code in (0, None):
+            raise  # --help / --version: printed, a success
         # argparse exits on bad parameters; say it in our terms so the run page shows why.
         raise ConfigError(f"bad task parameters {list(argv)!r}: see `materializer_job --help`") from exc
 
@@ -76,9 +86,10 @@ def cluster_session(config: "PipelineConfig") -> "SparkSession":
     from materializer.spark import session_for
     from materializer.storage import is_s3
 
-    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings]
+    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings if b.source.path is not None]
+    kafka = any(b.source.format == "kafka" for b in config.bindings)
     return session_for(
-        config.spark.master, dict(config.spark.conf), remote=config.spark.remote, s3=any(is_s3(u) for u in uris)
+        config.spark.master, dict(config.spark.conf), remote=config.spark.remote, s3=any(is_s3(u) for u in uris), kafka=kafka
     )
 
 
@@ -105,6 +116,7 @@ def main() -> None:
         json.dumps(
             {
                 "event": "finished",
+                "at": utc_now(),
                 "pipeline_id": summary.pipeline_id,
                 "opened_at_epoch": summary.opened_at_epoch,
                 "last_epoch": summary.last_epoch,

@@ -24,9 +24,11 @@ need no loads; nothing is read from a table before Acknowledged.
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash
 from materializer.config import BindingConfig, PipelineConfig
@@ -35,13 +37,17 @@ from materializer.delta import (
     TXN_VERSION,
     USER_METADATA,
     TableRef,
+    detail,
+    exists,
+    is_commit_conflict,
+    quote,
     read_table,
     sql_name,
     table_state,
     table_version,
     user_metadata,
 )
-from materializer.errors import StagingError
+from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -73,7 +79,26 @@ MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 source changes between the MERGE's two passes. A staged file never changes (it is written once
 under a unique name and deleted only after the apply), so the copy is pure cost: 'none'."""
 SCRATCH = ("spool", "_tmp")
+"""Scratch folders of the staging store: source spools and files on their way in, per writer."""
 CONCURRENT_RETRIES = 3
+REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
+"""Characters Delta refuses in column names unless the table uses column mapping."""
+
+
+def dataset_of(path: str) -> str:
+    """The staged dataset a staged file belongs to: ``staged/epoch-<epoch>/<binding>-<random>``."""
+    return "/".join(path.split("/")[:3])
+
+
+def open_cleans(staging: FileStore, checkpoint: DriverCheckpoint | None) -> tuple[list[str], list[str]]:
+    """What an Open deletes (files of staged datasets the last committed entry does not reference,
+    every scratch file) and what it keeps (the rest), as listed now. The drill checks with this."""
+    keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
+    deleted, kept = [], []
+    for info in staging.list(STAGED):
+        (kept if dataset_of(info.path) in keep else deleted).append(info.path)
+    deleted += [f.path for prefix in SCRATCH for f in staging.list(prefix)]
+    return deleted, kept
 
 
 def is_data_file(path: str) -> bool:
@@ -83,12 +108,23 @@ def is_data_file(path: str) -> bool:
 
 class DeltaDriver(Driver):
     def __init__(
-        self, spark: "SparkSession", config: PipelineConfig, staging: FileStore, collector: Collector | None = None
+        self,
+        spark: "SparkSession",
+        config: PipelineConfig,
+        staging: FileStore,
+        collector: Collector | None = None,
+        *,
+        fence_check: Callable[[], None] | None = None,
     ) -> None:
         self.spark = spark
         self.config = config
         self.staging = staging
         self.collector = collector or Collector()
+        self.fence_check = fence_check or (lambda: None)
+        """Raises FencedError if a newer writer holds the log: called after listing what to
+        delete and before deleting it (DESIGN invariant 10)."""
+        self._written: set[str] = set()
+        """Bindings whose tables hold rows of an applied epoch (so the table must exist)."""
         self._stored: dict[str, DataFrame] = {}
         self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
@@ -100,19 +136,28 @@ class DeltaDriver(Driver):
     # --- Open ---
 
     def open(self, message: Open) -> Opened:
-        """Delete staged files that no committed entry references (Flink's abort of the in-doubt)."""
-        keep = set()
+        """Delete staged files that no committed entry references (Flink's abort of the in-doubt).
+
+        Safe on a stale view by construction: everything to delete is listed first, then the fence
+        is checked, then only the listed files are deleted. A newer writer that opened before the
+        check has published its fence (so this writer stops here); one that opens after it writes
+        its files after the listing, so none of them is on the list.
+        """
         if message.driver_checkpoint is not None:
-            keep = {f.uri for f in message.driver_checkpoint.staged.values() if f is not None}
-        datasets = {"/".join(info.path.split("/")[:3]) for info in self.staging.list(STAGED)}
-        deleted = 0
-        for dataset in sorted(datasets - keep):
-            deleted += self.staging.delete_prefix(dataset)
-        for scratch in SCRATCH:
-            deleted += self.staging.delete_prefix(scratch)
-        if deleted:
-            self.collector.event("orphans_deleted", files=deleted, datasets=len(datasets - keep))
-        return Opened(orphans_deleted=deleted)
+            self._written = set(message.driver_checkpoint.written) | {
+                name for name, f in message.driver_checkpoint.staged.items() if f is not None
+            }
+        orphans, _kept = open_cleans(self.staging, message.driver_checkpoint)
+        if orphans:
+            self.fence_check()
+        for path in orphans:
+            self.staging.delete(path)
+        for folder in sorted({dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}) + list(SCRATCH):
+            self.staging.prune_empty(folder)  # not delete_prefix: files listed after the check stay
+        if orphans:
+            datasets = {dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}
+            self.collector.event("orphans_deleted", files=len(orphans), datasets=len(datasets))
+        return Opened(orphans_deleted=len(orphans))
 
     # --- Acknowledge ---
 
@@ -123,18 +168,24 @@ class DeltaDriver(Driver):
             if binding.name not in message.driver_checkpoint.staged:
                 continue
             staged = message.driver_checkpoint.staged[binding.name]
+            began = time.monotonic()
             result = self._apply(binding, epoch, staged)
             results.append(result)
-            self.collector.event("applied", epoch=epoch, **result.model_dump(exclude={"metrics"}))
+            self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
         # crash here leaves every table applied and the staged files in place: the next Open keeps
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
         crash.crash_point("after-ack-before-gc", epoch)
-        for staged in message.driver_checkpoint.staged.values():
-            if staged is not None:
-                self.staging.delete_prefix(staged.uri)
+        applied = [staged for staged in message.driver_checkpoint.staged.values() if staged is not None]
+        if applied:
+            # Only while this writer holds the log (a fenced one leaves them to the newer writer,
+            # whose first Acknowledge finds the epoch applied and deletes them).
+            self.fence_check()
+        for staged in applied:
+            self._staging_of(staged).delete_prefix(staged.uri)
+        self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
 
@@ -149,20 +200,21 @@ class DeltaDriver(Driver):
             if staged is None and not state.exists:
                 # Nothing to write and no schema to create the table with: nothing to record.
                 return ApplyResult(binding=binding.name, table=str(table), status="empty")
-            source = self._read_staged(binding, epoch, staged)
+            source = self._read_staged(binding, epoch, staged, state.exists)
             try:
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
                 ):
                     metrics = self._commit(binding, table, epoch, source, state.exists)
             except Exception as exc:  # noqa: BLE001
-                # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException
-                # ("changed by a concurrent update"), which a zombie's MERGE meets after the new
-                # writer evolved the schema or created the table.
-                if "concurrent" not in (type(exc).__name__ + str(exc)).lower():
+                # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
+                # which a zombie's MERGE meets after the new writer evolved the schema or created
+                # the table: another writer committed meanwhile, so look again.
+                if is_commit_conflict(exc):
+                    continue
+                if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
                     raise
-                # Another writer (a zombie about to be fenced) committed meanwhile: look again.
-                continue
+                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
             # Only the version, for the report: the txn map would rebuild the snapshot's state.
             after_version = table_version(self.apply_spark, table)
             status = "applied" if metrics is not None else "skipped"
@@ -176,16 +228,29 @@ class DeltaDriver(Driver):
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
-    def _read_staged(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> "DataFrame | None":
+    def _read_staged(
+        self, binding: BindingConfig, epoch: int, staged: StagedFile | None, table_exists: bool = True
+    ) -> "DataFrame | None":
         if staged is None:
             return None
+        store = self._staging_of(staged)
         files, size = 0, 0
-        for info in self.staging.list(staged.uri):
+        for info in store.list(staged.uri):
             if is_data_file(info.path):
                 files += 1
                 size += info.size
         if (files, size) != (staged.files, staged.bytes):
             found = "nothing" if files == 0 else f"{files} files, {size} bytes"
+            if files == 0 and not table_exists:
+                # Staged files are deleted only after every table recorded the epoch: a missing
+                # table with no staged file is most likely a table deleted after the apply.
+                raise TableStateError(
+                    f"epoch {epoch}, binding {binding.name}: table {binding.table} does not exist and epoch "
+                    f"{epoch}'s staged file {self.staging.uri}/{staged.uri} is gone. Either the table was deleted "
+                    f"or moved after epoch {epoch} was applied to it (restore it at {binding.table}, e.g. from a "
+                    "backup, then run again), or the staged file was damaged (run `materializer recover --config F`, "
+                    "README: 'Recovering from damage'). Nothing was changed."
+                )
             raise StagingError(
                 f"epoch {epoch}, binding {binding.name}: staged file {self.staging.uri}/{staged.uri} is damaged or "
                 f"missing (expected {staged.files} files, {staged.bytes} bytes; found {found}) and the table "
@@ -193,7 +258,18 @@ class DeltaDriver(Driver):
                 "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
                 "from the source (README: 'Recovering from damage')."
             )
-        return self.apply_spark.read.parquet(self.staging.spark_path(staged.uri))
+        return self.apply_spark.read.parquet(store.spark_path(staged.uri))
+
+    def _staging_of(self, staged: StagedFile) -> FileStore:
+        """The store holding ``staged``: this pipeline's area, or for an entry committed by a version
+        before the per-pipeline areas (an upgrade between its log commit and its apply), the
+        staging folder itself, where that version staged."""
+        if self.staging.list(staged.uri) or self.config.staging_root == self.config.staging:
+            return self.staging
+        from materializer.storage import open_store
+
+        legacy = open_store(self.config.staging)
+        return legacy if legacy.list(staged.uri) else self.staging
 
     @property
     def _apply_group(self) -> str:
@@ -244,6 +320,11 @@ class DeltaDriver(Driver):
                 rows = source.filter(F.col(OP) != "d").drop(OP)
             if table_exists:
                 rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
+            from pyspark.sql import Observation
+
+            # Counted as the rows are written (no second pass), for the epoch's progress record.
+            counted = Observation(f"appended_{binding.name}_{epoch}_{uuid.uuid4().hex[:6]}")
+            rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
             writer = (
                 rows.write.format("delta")
                 .mode("append")
@@ -255,7 +336,12 @@ class DeltaDriver(Driver):
             before = table_version(self.apply_spark, table) if table_exists else None
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             after = table_version(self.apply_spark, table)
-            return {"appended": 1} if after != before else None
+            if after == before:
+                return None  # Delta skipped it (the query never ran: do not wait for its count)
+            try:
+                return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
+            except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
+                return {"appended": 1}
 
         target_schema = read_table(self.apply_spark, table).schema
         aligned = _align(source, target_schema, keep_extra=True)
@@ -277,24 +363,110 @@ class DeltaDriver(Driver):
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
 
-    def _check_types(self, binding: BindingConfig, df: "DataFrame") -> None:
-        """Refuse, before the epoch is committed, rows whose types the table cannot hold losslessly."""
+    def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
+        """The target's schema, constraints and column mapping as they stand now (None: no table)."""
         table = TableRef(binding.table)
-        from materializer.delta import exists
-        from materializer.errors import SourceError
+        # DESCRIBE DETAIL is a command: its one row comes back without a Spark job (and it says
+        # whether there is a table at all, so no separate existence check).
+        found = detail(self.spark, table)
+        if found is None:
+            return None
+        properties = dict(found.get("properties") or {})
+        return _TableFacts(
+            schema=read_table(self.spark, table).schema,
+            constraints={k[len(CONSTRAINT_PREFIX) :]: v for k, v in properties.items() if k.startswith(CONSTRAINT_PREFIX)},
+            column_mapping=properties.get("delta.columnMapping.mode", "none") not in ("none", ""),
+        )
 
-        if not exists(self.spark, table):
-            return
-        target = {f.name: f.dataType.simpleString() for f in read_table(self.spark, table).schema.fields}
-        for field in df.schema.fields:
-            wanted = target.get(field.name)
-            if wanted is not None and not _compatible(field.dataType.simpleString(), wanted):
-                raise SourceError(
-                    f"binding {binding.name}: field {field.name!r} arrives as {field.dataType.simpleString()} "
-                    f"but table {binding.table} holds {wanted}; writing it would lose data. Nothing from this "
-                    "transaction was applied. Fix the documents' type, or alter the table's column type "
-                    "(after the pipeline is drained), then run again."
-                )
+    def _check_schema(self, binding: BindingConfig, df: "DataFrame", facts: "_TableFacts | None") -> None:
+        """Refuse, before the epoch is committed, what the MERGE would refuse by the schema alone.
+
+        Invariant 9: an epoch in the log must always be appliable. Names Delta refuses, two names
+        that differ only in case (Delta's columns are case-insensitive), and any type the table
+        cannot hold losslessly, at any depth (a struct sub-field, an array element, a map value).
+        """
+        schema = df.schema
+        column_mapping = facts.column_mapping if facts is not None else _default_column_mapping(self.spark)
+        problems = _name_problems(schema, "", refuse_characters=not column_mapping)
+        if facts is not None:
+            data = [f for f in schema.fields if f.name != OP or binding.mode == "delta_updates"]
+            problems += _type_problems(data, facts.schema.fields, "")
+        if problems:
+            raise SourceError(
+                f"binding {binding.name}: the epoch's rows cannot be written to table {binding.table}: "
+                + "; ".join(problems[:5])
+                + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+                + ". Delta would refuse them, so nothing of this transaction was committed or applied. Fix the "
+                "documents (or the table, after the pipeline is drained), then run again."
+            )
+
+    def _check_rows(self, binding: BindingConfig, staged: StagedFile, schema: Any, facts: "_TableFacts") -> None:
+        """Evaluate on the staged rows what Delta checks row by row: NOT NULL, CHECK constraints,
+        and values a narrower column type cannot hold. Runs only for tables that have any."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import DecimalType, IntegralType
+
+        present = {f.name: f.dataType for f in schema.fields}
+        narrowable = [
+            f.name for f in facts.schema.fields
+            if f.name in present and present[f.name] != f.dataType
+            and isinstance(f.dataType, (IntegralType, DecimalType)) and isinstance(present[f.name], (IntegralType, DecimalType))
+        ]
+        if not narrowable and not facts.constraints and all(f.nullable for f in facts.schema.fields):
+            return  # nothing Delta checks row by row: no Spark job
+        rows = self.spark.read.parquet(self.staging.spark_path(staged.uri))
+        if binding.mode == "standard":
+            rows = rows.filter(F.col(OP) != "d")  # deletes write no row
+        narrowing = []
+        for field in facts.schema.fields:
+            source = present.get(field.name)
+            if source is None or source == field.dataType:
+                continue
+            if isinstance(field.dataType, (IntegralType, DecimalType)) and isinstance(source, (IntegralType, DecimalType)):
+                column = F.col(quote(field.name))
+                narrowing.append((f"field {field.name!r} ({source.simpleString()}) holds a value that does not fit "
+                                  f"the column's {field.dataType.simpleString()}",
+                                  column.isNotNull() & column.try_cast(field.dataType).isNull()))
+        checks = narrowing
+        if not narrowing or not self._violation(binding, rows, narrowing):
+            aligned = _align(rows, facts.schema, keep_extra=True)
+            checks = [
+                (f"NOT NULL column {f.name!r} would be NULL", F.col(quote(f.name)).isNull())
+                for f in facts.schema.fields
+                if not f.nullable
+            ]
+            checks += [
+                (f"CHECK constraint {name} ({expr}) is not met", ~F.coalesce(F.expr(expr), F.lit(False)))
+                for name, expr in facts.constraints.items()
+            ]
+            if checks:
+                self._violation(binding, aligned, checks)
+
+    def _violation(self, binding: BindingConfig, rows: "DataFrame", checks: list[tuple[str, "Any"]]) -> bool:
+        from functools import reduce as fold
+
+        from pyspark.sql import functions as F
+
+        if not checks:
+            return False
+        flags = [F.when(check, F.lit(i)) for i, (_what, check) in enumerate(checks)]
+        first = F.coalesce(*flags) if len(flags) > 1 else flags[0]
+        # One row at most, only to name a key in the message: nothing else comes to the driver.
+        found = (
+            rows.select(*[F.col(quote(k)) for k in binding.key], first.alias("__check"))
+            .where(fold(lambda a, b: a | b, [c for _w, c in checks]))
+            .limit(1)
+            .collect()
+        )
+        if not found:
+            return False
+        row = found[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in binding.key)
+        raise SourceError(
+            f"binding {binding.name}: a row of this epoch (key {key}) cannot be written to table {binding.table}: "
+            f"{checks[row['__check']][0]}. Delta would refuse the epoch, so nothing of this transaction was committed "
+            "or applied. Fix the documents, or the table's constraint or column type, then run again."
+        )
 
     # --- Load / Flush ---
 
@@ -306,17 +478,17 @@ class DeltaDriver(Driver):
 
     def flush(self, message: Flush) -> Flushed:
         """Evaluate the queued loads: a join of the keys with the table, after Acknowledged."""
+        from pyspark.sql import functions as F
+
         loaded = []
         for request in self._loads:
             binding = self.config.binding(request.binding)
             table = TableRef(binding.table)
-            from materializer.delta import exists
-
             if not exists(self.spark, table):
                 continue
             keys = dataframe(request.keys)
             current = read_table(self.spark, table)
-            rows = current.join(keys.select(*binding.key).distinct(), on=binding.key, how="left_semi")
+            rows = current.join(keys.select(*[F.col(quote(k)) for k in binding.key]).distinct(), on=binding.key, how="left_semi")
             epoch = (self._acknowledged or 0) + 1
             self.spark.addTag(self._load_group)
             try:
@@ -359,9 +531,11 @@ class DeltaDriver(Driver):
         try:
             for binding in self.config.bindings:
                 df = self._stored.pop(binding.name, None)
-                early = self._prestaged.pop(binding.name, None)
+                # Left in _prestaged until adopted, so a refusal below discards it too.
+                early = self._prestaged.get(binding.name)
                 if early is not None and early[0] is not df:
                     # Stored rows other than the prestaged ones: the early file is not this epoch's.
+                    self._prestaged.pop(binding.name)
                     if early[1] is not None:
                         self.staging.delete_prefix(early[1].uri)
                     early = None
@@ -369,8 +543,13 @@ class DeltaDriver(Driver):
                     staged[binding.name] = None
                     continue
                 # After Acknowledged: the table's schema includes the previous epoch's changes.
-                self._check_types(binding, df)
+                facts = self._table_facts(binding)
+                self._check_schema(binding, df, facts)
                 staged[binding.name] = early[1] if early is not None else self._stage(binding.name, epoch, df)
+                self._prestaged.pop(binding.name, None)
+                file = staged[binding.name]
+                if facts is not None and file is not None:
+                    self._check_rows(binding, file, df.schema, facts)
         except BaseException:
             self.discard_prestaged()
             for file in staged.values():
@@ -379,7 +558,9 @@ class DeltaDriver(Driver):
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
-        return StartedCommit(driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind))
+        return StartedCommit(
+            driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written))
+        )
 
     def _stage(self, binding: str, epoch: int, df: "DataFrame") -> StagedFile | None:
         """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
@@ -388,6 +569,7 @@ class DeltaDriver(Driver):
 
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
+        df = _without_void(df)
         df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
@@ -418,24 +600,185 @@ def merge_sql(target: str, source_view: str, key: list[str], columns: list[str],
     )
 
 
+def _void_as_string(dtype: Any) -> Any:
+    """``dtype`` with every VOID (NullType) inside it made STRING; None if it holds no VOID."""
+    from pyspark.sql.types import ArrayType, MapType, NullType, StringType, StructField, StructType
+
+    if isinstance(dtype, NullType):
+        return StringType()
+    if isinstance(dtype, StructType):
+        fields = [_void_as_string(f.dataType) for f in dtype.fields]
+        if all(f is None for f in fields):
+            return None
+        return StructType(
+            [StructField(f.name, new or f.dataType, f.nullable) for f, new in zip(dtype.fields, fields)]
+        )
+    if isinstance(dtype, ArrayType):
+        element = _void_as_string(dtype.elementType)
+        return None if element is None else ArrayType(element, dtype.containsNull)
+    if isinstance(dtype, MapType):
+        value = _void_as_string(dtype.valueType)
+        return None if value is None else MapType(dtype.keyType, value, dtype.valueContainsNull)
+    return None
+
+
+def _without_void(df: "DataFrame") -> "DataFrame":
+    """Parquet cannot hold a VOID column (a field NULL in the whole epoch, inside a struct): stage
+    it as a STRING column of NULLs, which the MERGE's alignment casts to the table's type."""
+    from pyspark.sql import functions as F
+
+    changed = {f.name: _void_as_string(f.dataType) for f in df.schema.fields}
+    if all(t is None for t in changed.values()):
+        return df
+    return df.select(
+        *[F.col(quote(name)).cast(t).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
+    )
+
+
 def _shape(schema: Any) -> list[tuple[str, str]]:
     """Column names and types, nullability aside: equal shapes need no schema evolution."""
     return [(f.name, f.dataType.simpleString()) for f in schema.fields]
 
 
-_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
-_NUMERIC = _INTEGRAL + ("float", "double")
+CONSTRAINT_PREFIX = "delta.constraints."
 
 
-def _compatible(source: str, target: str) -> bool:
-    """Can a staged column of type ``source`` be written to ``target`` without losing anything?"""
-    if source == target or source == "void":
-        return True
-    if source.startswith(("struct", "array", "map")):
-        return True  # nested: Delta's schema evolution merges them or says why not
-    if source in _INTEGRAL and (target in _NUMERIC or target.startswith("decimal")):
-        return True
-    return source == "float" and target == "double"
+@dataclass(frozen=True)
+class _TableFacts:
+    schema: Any
+    """The table's schema (a StructType)."""
+    constraints: dict[str, str]
+    """CHECK constraints by name: their SQL expressions (``delta.constraints.*`` properties)."""
+    column_mapping: bool
+    """Column mapping is on: any character is allowed in names."""
+
+
+def _default_column_mapping(spark: "SparkSession") -> bool:
+    """Would a table created now use column mapping (the session's default table properties)?"""
+    mode = spark.conf.get("spark.databricks.delta.properties.defaults.columnMapping.mode", "none")
+    return (mode or "none").lower() not in ("none", "")
+
+
+def _name_problems(data_type: Any, path: str, *, refuse_characters: bool) -> list[str]:
+    """Field names Delta refuses, at any depth: refused characters, empty, and case-only twins."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, ArrayType):
+        return _name_problems(data_type.elementType, path + "[]", refuse_characters=refuse_characters)
+    if isinstance(data_type, MapType):
+        return _name_problems(data_type.valueType, path + "{}", refuse_characters=refuse_characters)
+    if not isinstance(data_type, StructType):
+        return []
+    problems = []
+    seen: dict[str, str] = {}
+    for field in data_type.fields:
+        where = f"{path}.{field.name}" if path else field.name
+        if field.name == "":
+            problems.append(f"a field {'in ' + repr(path) + ' ' if path else ''}has an empty name, which Delta refuses")
+        elif refuse_characters and any(c in REFUSED_NAME_CHARACTERS for c in field.name):
+            problems.append(
+                f"field {where!r} has a character Delta refuses in column names (one of ' ,;{{}}()\\n\\t='; "
+                "allowed only on a table with column mapping, delta.columnMapping.mode = name)"
+            )
+        twin = seen.get(field.name.lower())
+        if twin is not None:
+            problems.append(f"fields {twin!r} and {where!r} differ only in case, which Delta does not tell apart")
+        seen[field.name.lower()] = where
+        problems += _name_problems(field.dataType, where, refuse_characters=refuse_characters)
+    return problems
+
+
+def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]:
+    """Why fields ``source`` cannot be written into the table's fields ``target`` losslessly."""
+    problems = []
+    by_name = {f.name: f for f in target}
+    by_lower = {f.name.lower(): f for f in target}
+    for field in source:
+        where = f"{path}.{field.name}" if path else field.name
+        wanted = by_name.get(field.name)
+        if wanted is None:
+            twin = by_lower.get(field.name.lower())
+            if twin is not None:
+                problems.append(
+                    f"field {where!r} differs from the table's {twin.name!r} only in case; Delta's column names are "
+                    "case-insensitive, so it would be neither a new column nor the same one"
+                )
+            continue  # a new column or sub-field: schema evolution adds it
+        problem = _type_problem(field.dataType, wanted.dataType, where)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+_WIDER = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+
+
+def _type_problem(source: Any, target: Any, where: str) -> str | None:
+    """None if a value of type ``source`` fits a column of type ``target`` (nullability aside)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegralType,
+        MapType,
+        NullType,
+        StructType,
+    )
+
+    if isinstance(source, NullType) or source == target:
+        return None
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        problems = _type_problems(list(source.fields), list(target.fields), where)
+        return "; ".join(problems) or None
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        element = source.elementType
+        if isinstance(element, IntegralType) and isinstance(target.elementType, (IntegralType, DecimalType)) and element != target.elementType:
+            if not (isinstance(target.elementType, IntegralType) and _WIDER[element.simpleString()] <= _WIDER[target.elementType.simpleString()]):
+                return (
+                    f"field {where!r} holds array<{element.simpleString()}> but the table's column is "
+                    f"{target.simpleString()}, which may not hold every value"
+                )
+        return _type_problem(element, target.elementType, where + "[]")
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return _type_problem(source.keyType, target.keyType, where + "{key}") or _type_problem(
+            source.valueType, target.valueType, where + "{}"
+        )
+    if isinstance(source, IntegralType) and isinstance(target, (IntegralType, DecimalType, FloatType, DoubleType)):
+        return None  # narrowing is checked on the staged rows (_check_rows)
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType) and target.scale >= source.scale:
+        return None  # likewise: each value must fit (fewer decimal places would round silently)
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return None
+    return (
+        f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there "
+        "(no silent conversion: it would lose or change data)"
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    """The line of a Spark failure that says what went wrong, without the JVM stack."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    caused = [line for line in lines if line.startswith("Caused by:")]
+    if caused:
+        line = caused[-1][len("Caused by:") :].strip()
+    else:
+        line = next((l for l in lines if "[" in l and not l.startswith("at ")), lines[0] if lines else type(exc).__name__)
+    line = line.lstrip(": ")
+    if ": [" in line and line.split(": [", 1)[0].count(".") > 1:
+        line = "[" + line.split(": [", 1)[1]  # drop the Java class name before Spark's error class
+    return line[:500]
+
+
+def _refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseException) -> str:
+    return (
+        f"epoch {epoch}, binding {binding.name}: Delta refused to apply the epoch to table {binding.table}: "
+        f"{_cause(exc)}. Nothing of epoch {epoch} was applied to {binding.table}; the epoch stays committed, so "
+        "every run stops here until it is applied. Fix the table (for example drop or relax the constraint the "
+        "rows break), then run again; or set the epoch's rows for this table aside, kept in a file, with "
+        f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (README: 'Stuck epochs')."
+    )
 
 
 def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
@@ -450,7 +793,7 @@ def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
     columns = []
     for field in schema.fields:
         if field.name in present:
-            column = F.col(f"`{field.name}`")
+            column = F.col(quote(field.name))
             source = present[field.name]
             if isinstance(field.dataType, (StructType, ArrayType)):
                 # A plain cast maps struct sub-fields by position and would put values in the
@@ -463,5 +806,5 @@ def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
             columns.append(F.lit(None).cast(field.dataType).alias(field.name))
     known = {f.name for f in schema.fields}
     if keep_extra:
-        columns += [F.col(f"`{c}`") for c in df.columns if c not in known]
+        columns += [F.col(quote(c)) for c in df.columns if c not in known]
     return df.select(*columns)

@@ -63,3 +63,24 @@ class StorageError(MaterializerError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class ApplyError(MaterializerError):
+    """Delta refused a committed epoch's rows (not a concurrent commit): the pipeline is stuck on it
+    until the table is fixed or the epoch is set aside with ``materializer recover --skip-epoch``."""
+
+    exit_code = 9
+
+    def __init__(self, message: str, *, epoch: int, binding: str) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.binding = binding
+
+
+class StartupError(MaterializerError):
+    """Spark could not be started: no Java, a Java it cannot run on, or its jars not reachable.
+
+    Nothing was read or written; the message names the cause and the fix.
+    """
+
+    exit_code = 10

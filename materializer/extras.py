@@ -2,7 +2,7 @@
 
 The wheel a Databricks job installs carries only what a pipeline run needs; ``materializer bench``
 and ``materializer drill`` also need psutil, rich and matplotlib (``pip install
-'materializer[tools]'``). They are imported when a tool runs, and a missing one says so.
+'delta-materializer[tools]'``). They are imported when a tool runs, and a missing one says so.
 """
 
 from __future__ import annotations
@@ -23,5 +23,5 @@ def require(module: str, *, extra: str = TOOLS_EXTRA, purpose: str = "this comma
         package = module.split(".")[0]
         raise ConfigError(
             f"{purpose} needs the {package!r} package, which the core install leaves out: "
-            f"install it with `pip install 'materializer[{extra}]'`"
+            f"install it with `pip install 'delta-materializer[{extra}]'`"
         ) from None

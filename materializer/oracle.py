@@ -10,8 +10,8 @@ the source files itself and applies the documented semantics directly:
   one starts afresh. The table holds one row per surviving key.
 * ``documents`` source, ``delta_updates`` mode: every epoch appends, per key, the fold of that
   epoch's documents only (a delete that ends the epoch as a row with ``_op = 'd'``). Epoch
-  boundaries follow from ``transaction.max_documents``: binding b's j-th batch is the j-th run of
-  ``max_documents`` documents of its source, in file-name order, committed as epoch j.
+  boundaries follow from the source's ``max_files`` / ``max_bytes``: binding b's j-th batch is the
+  j-th run of whole files of its source, in file-name order, committed as epoch j.
 
 * ``cdcv2`` source, ``standard`` mode: the history's state at the final frontier (seed 002).
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -115,12 +114,34 @@ def key_of(row: Row, key: list[str]) -> Key:
 # --- reading the sources, independently of materializer.sources -------------------------------
 
 
+def document_files(path: str) -> list[tuple[str, int]]:
+    """A ``documents`` source's files in name order, with sizes: top-level files with a JSON Lines
+    suffix whose names start with neither '.' nor '_' (sub-folders are a writer's scratch space)."""
+    store = open_store(path)
+    return sorted(
+        (f.path, f.size) for f in store.list()
+        if "/" not in f.path and f.path.endswith(SUFFIXES) and not f.path.startswith((".", "_"))
+    )
+
+
+def file_epochs(binding: BindingConfig) -> list[list[str]]:
+    """The documents source's epochs: runs of whole files, at most ``max_files`` and ``max_bytes``
+    each, at least one file."""
+    groups: list[list[str]] = []
+    size = 0
+    for name, length in document_files(binding.source.path):
+        if not groups or len(groups[-1]) >= binding.source.max_files or size + length > binding.source.max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += length
+    return groups
+
+
 def documents(path: str) -> Iterator[tuple[str, int, Row]]:
     """Every document of a ``documents`` source in file-name order: (file, line, document)."""
     store = open_store(path)
-    files = sorted(
-        f.path for f in store.list() if f.path.endswith(SUFFIXES) and not os.path.basename(f.path).startswith(".")
-    )
+    files = [name for name, _size in document_files(path)]
     for name in files:
         with store.open_read(name) as handle:
             for number, raw in enumerate(handle, start=1):
@@ -220,7 +241,7 @@ def documents_standard(binding: BindingConfig, max_documents: int) -> Expected:
         verified=True,
         unique_keys=True,
         rows={k: Counter([canonical(row)]) for k, row in state.items()},
-        epochs=math.ceil(count / max_documents) if count else 0,
+        epochs=len(file_epochs(binding)),
         documents=count,
     )
 
@@ -236,7 +257,12 @@ def documents_delta_updates(binding: BindingConfig, max_documents: int) -> Expec
             rows.setdefault(k, Counter())[canonical(row)] += 1
         epoch.clear()
 
-    for _file, _line, doc in documents(binding.source.path):
+    last_of_epoch = {group[-1] for group in file_epochs(binding)}
+    current_file: str | None = None
+    for file, _line, doc in documents(binding.source.path):
+        if current_file is not None and file != current_file and current_file in last_of_epoch:
+            close_epoch()
+        current_file = file
         count += 1
         k = key_of(doc, binding.key)
         if _is_delete(doc):
@@ -250,15 +276,13 @@ def documents_delta_updates(binding: BindingConfig, max_documents: int) -> Expec
             row = _fold(binding, base, doc)
             row[OP] = "u"
         epoch[k] = row
-        if count % max_documents == 0:
-            close_epoch()
     close_epoch()
     return Expected(
         binding=binding.name,
         verified=True,
         unique_keys=False,
         rows=rows,
-        epochs=math.ceil(count / max_documents) if count else 0,
+        epochs=len(file_epochs(binding)),
         documents=count,
     )
 

@@ -1,11 +1,26 @@
-"""Progress reporting: core code emits events to a collector; only the CLI prints."""
+"""Progress reporting: core code emits events to a collector; only the CLI prints.
+
+The runtime and the driver send small events (``read``, ``committed``, ``applied``,
+``acknowledged``…) as they happen. :class:`ProgressTracker` folds them into one
+:class:`EpochProgress` per epoch, like Structured Streaming's query progress, and sends it on as a
+``progress`` event once the epoch is applied. Consumers (the CLI's JSON lines and Prometheus
+metrics, the Databricks job's output, ``logging``) format those records; they never parse text.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-from typing import Any
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
 
 log = logging.getLogger("materializer")
+
+PHASES = ("read", "stage", "log_commit", "apply")
 
 
 class Collector:
@@ -16,9 +31,13 @@ class Collector:
 
 
 class LogCollector(Collector):
-    """Sends events to the ``materializer`` logger (Databricks jobs, tests)."""
+    """Sends events to the ``materializer`` logger (Databricks jobs, tests, embedding programs)."""
 
     def event(self, name: str, **fields: Any) -> None:
+        record = fields.get("record")
+        if name == "progress" and isinstance(record, EpochProgress):
+            log.info("%s", record.summary())
+            return
         details = " ".join(f"{k}={v}" for k, v in fields.items())
         log.info("%s %s", name, details)
 
@@ -34,3 +53,235 @@ class ListCollector(Collector):
 
     def named(self, name: str) -> list[dict[str, Any]]:
         return [fields for n, fields in self.events if n == name]
+
+
+class Tee(Collector):
+    """Sends each event to several collectors, in order.
+
+    A consumer that fails (a full disk under a metrics file, a closed pipe) is logged and
+    skipped: reporting must never fail the epoch it reports on.
+    """
+
+    def __init__(self, *collectors: Collector) -> None:
+        self.collectors = [c for c in collectors if c is not None]
+
+    def event(self, name: str, **fields: Any) -> None:
+        for collector in self.collectors:
+            try:
+                collector.event(name, **fields)
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                log.warning("progress: %s could not take the %r event: %s", type(collector).__name__, name, exc)
+
+
+def utc_now() -> str:
+    """An ISO-8601 UTC timestamp with milliseconds, as Structured Streaming's progress uses."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class BindingProgress:
+    """One binding's share of an epoch."""
+
+    binding: str
+    table: str | None = None
+    documents: int = 0
+    """Documents (or CDC updates) read from the source."""
+    bytes_read: int | None = None
+    """Source bytes the batch covers (None: the source does not say)."""
+    rows_staged: int = 0
+    """Rows written to the staged Parquet file (after combining per key)."""
+    bytes_staged: int = 0
+    status: str | None = None
+    """applied, skipped (Delta already recorded the epoch), empty, or None (not applied yet)."""
+    inserted: int | None = None
+    """The MERGE's (or append's) own metrics; None when it was skipped or did not report them."""
+    updated: int | None = None
+    deleted: int | None = None
+    delta_version: int | None = None
+    apply_seconds: float | None = None
+    lag_files: int | None = None
+    """Source files not read yet after this epoch (None: the source does not say)."""
+    lag_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """What one epoch did, from its read to its apply: the record every consumer formats."""
+
+    pipeline_id: str
+    epoch: int
+    started_at: str | None
+    """When the epoch's read began (UTC); None for the re-apply after Open."""
+    committed_at: str | None
+    """When its entry was committed to the recovery log."""
+    applied_at: str
+    """When its apply (Acknowledge) ended."""
+    reapplied: bool
+    """True for the first Acknowledge after Open (the last run's epoch, applied or found applied)."""
+    documents: int
+    bytes_read: int | None
+    rows_staged: int
+    bytes_staged: int
+    inserted: int
+    updated: int
+    deleted: int
+    applied: int
+    """Bindings whose commit Delta made."""
+    skipped: int
+    """Bindings Delta (or our check) found already applied."""
+    phase_seconds: Mapping[str, float]
+    """read, stage, log_commit, apply (missing: the phase did not run in this process)."""
+    lag_files: int | None
+    lag_bytes: int | None
+    bindings: tuple[BindingProgress, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["phase_seconds"] = dict(self.phase_seconds)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps({"event": "progress", **self.to_dict()}, sort_keys=False)
+
+    def summary(self) -> str:
+        """One line for humans and logs."""
+        phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
+        lag = f" lag={self.lag_files} files/{self.lag_bytes} B" if self.lag_files is not None else ""
+        return (
+            f"epoch {self.epoch}: {self.documents} documents, {self.rows_staged} rows staged, "
+            f"+{self.inserted} ~{self.updated} -{self.deleted}, {self.applied} applied {self.skipped} skipped; "
+            f"{phases}{lag}"
+        )
+
+
+class ProgressTracker(Collector):
+    """Forwards every event to ``downstream`` and adds one ``progress`` event per applied epoch.
+
+    Events arrive from the runtime's thread (read, committed) and from the apply thread (applied,
+    acknowledged), so the per-epoch state is kept under a lock. The record of an epoch is complete
+    when its ``acknowledged`` event arrives: the driver sends it after every binding's ``applied``.
+    """
+
+    def __init__(self, downstream: Collector, pipeline_id: str) -> None:
+        self.downstream = downstream
+        self.pipeline_id = pipeline_id
+        self._lock = threading.Lock()
+        self._epochs: dict[int, dict[str, Any]] = {}
+
+    def _state(self, epoch: int) -> dict[str, Any]:
+        return self._epochs.setdefault(epoch, {"bindings": {}, "phases": {}})
+
+    def _binding(self, state: dict[str, Any], name: str) -> dict[str, Any]:
+        return state["bindings"].setdefault(name, {"binding": name})
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.downstream.event(name, **fields)
+        epoch = fields.get("epoch")
+        if not isinstance(epoch, int):
+            return
+        record = None
+        with self._lock:
+            state = self._state(epoch)
+            if name == "read":
+                state.setdefault("started_at", fields.get("at"))
+                b = self._binding(state, fields["binding"])
+                b["documents"] = fields.get("documents", 0)
+                b["bytes_read"] = fields.get("bytes")
+                lag = fields.get("lag")
+                if isinstance(lag, Mapping):
+                    b["lag_files"], b["lag_bytes"] = lag.get("files"), lag.get("bytes")
+                self._add(state, "read", fields.get("seconds"))
+            elif name == "committed":
+                state["committed_at"] = fields.get("at")
+                for binding, staged in (fields.get("staged") or {}).items():
+                    b = self._binding(state, binding)
+                    b["rows_staged"], b["bytes_staged"] = staged
+                self._add(state, "stage", fields.get("stage_seconds"))
+                self._add(state, "log_commit", fields.get("log_commit_seconds"))
+            elif name == "applied":
+                b = self._binding(state, fields["binding"])
+                metrics = fields.get("metrics") or {}
+                b.update(
+                    table=fields.get("table"),
+                    status=fields.get("status"),
+                    delta_version=fields.get("delta_version"),
+                    apply_seconds=fields.get("seconds"),
+                    inserted=_metric(metrics, "num_inserted_rows", "numTargetRowsInserted", "appended_rows"),
+                    updated=_metric(metrics, "num_updated_rows", "numTargetRowsUpdated"),
+                    deleted=_metric(metrics, "num_deleted_rows", "numTargetRowsDeleted"),
+                )
+            elif name == "acknowledged":
+                self._add(state, "apply", fields.get("seconds"))
+                state["applied_at"] = fields.get("at") or utc_now()
+                state["reapplied"] = bool(fields.get("first")) and "committed_at" not in state
+                record = self._record(epoch, self._epochs.pop(epoch))
+        if record is not None:
+            self.downstream.event("progress", epoch=epoch, record=record)
+
+    @staticmethod
+    def _add(state: dict[str, Any], phase: str, seconds: Any) -> None:
+        if isinstance(seconds, (int, float)):
+            state["phases"][phase] = round(state["phases"].get(phase, 0.0) + float(seconds), 6)
+
+    def _record(self, epoch: int, state: Mapping[str, Any]) -> EpochProgress:
+        bindings = tuple(BindingProgress(**b) for b in state["bindings"].values())
+
+        def total(values: Iterable[int | None]) -> int | None:
+            known = [v for v in values if v is not None]
+            return sum(known) if known else None
+
+        return EpochProgress(
+            pipeline_id=self.pipeline_id,
+            epoch=epoch,
+            started_at=state.get("started_at"),
+            committed_at=state.get("committed_at"),
+            applied_at=state["applied_at"],
+            reapplied=state["reapplied"],
+            documents=sum(b.documents for b in bindings),
+            bytes_read=total(b.bytes_read for b in bindings),
+            rows_staged=sum(b.rows_staged for b in bindings),
+            bytes_staged=sum(b.bytes_staged for b in bindings),
+            inserted=sum(b.inserted or 0 for b in bindings),
+            updated=sum(b.updated or 0 for b in bindings),
+            deleted=sum(b.deleted or 0 for b in bindings),
+            applied=sum(1 for b in bindings if b.status == "applied"),
+            skipped=sum(1 for b in bindings if b.status == "skipped"),
+            phase_seconds={p: state["phases"][p] for p in PHASES if p in state["phases"]},
+            lag_files=total(b.lag_files for b in bindings),
+            lag_bytes=total(b.lag_bytes for b in bindings),
+            bindings=bindings,
+        )
+
+
+def _metric(metrics: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = metrics.get(name)
+        if value is not None:
+            return int(value)
+    return None
+
+
+class JsonLinesCollector(Collector):
+    """One JSON object per line for the events tools consume: ``opened``, ``progress``, ``finished``."""
+
+    KINDS = ("opened", "progress", "orphans_deleted", "finished")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._lock = threading.Lock()
+
+    def event(self, name: str, **fields: Any) -> None:
+        if name not in self.KINDS:
+            return
+        record = fields.get("record")
+        if isinstance(record, EpochProgress):
+            line = record.to_json()
+        else:
+            line = json.dumps({"event": name, "at": utc_now(), **fields}, default=str)
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+def monotonic() -> float:
+    return time.monotonic()

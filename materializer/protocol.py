@@ -54,6 +54,11 @@ class DriverCheckpoint(Model):
     staged: dict[str, StagedFile | None] = Field(default_factory=dict)
     rewind: RuntimeCheckpoint | None = None
     """Where the sources stood before this epoch: lets a recovery re-stage it from the source."""
+    written: list[str] = Field(default_factory=list)
+    """Bindings whose tables hold rows of an earlier epoch: their tables must exist."""
+    skipped: dict[str, str] = Field(default_factory=dict)
+    """Bindings whose rows of this epoch were set aside by ``recover --skip-epoch``: where they
+    were kept. The epoch is recorded on those tables without their rows."""
 
 
 # --- messages ----------------------------------------------------------------------------------

@@ -22,6 +22,14 @@ What can be damaged, and why it can be repaired exactly:
 Anything else (two epochs lost, the previous commit compacted away, a source that changed) stops
 with an error saying what is missing; nothing is guessed. Stop the pipeline before recovering:
 recover opens the log, which fences any run still active.
+
+A **stuck epoch** (Delta refuses to apply committed epoch N to a table, e.g. a CHECK constraint
+added after N was committed) is not damage: either fix the table and run again, or
+:func:`skip_epoch` sets the binding's rows of N aside. They are copied, whole, to a Parquet
+dataset the user keeps (``<staging>/<pipeline>/skipped/…`` or ``--keep-to``), then epoch N is
+committed again without them, naming where they went; the next run records N on the table with
+an empty commit and goes on. Nothing is dropped silently: the rows are in the kept dataset, and
+the log says so.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from materializer import reductions
 from materializer.config import PipelineConfig
 from materializer.delta import TableRef, table_state
 from materializer.driver import DeltaDriver, is_data_file
-from materializer.errors import RecoveryLogError, StagingError
+from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, Flush, Load, StagedFile, StartCommit, Store
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
@@ -108,7 +116,7 @@ def _repair_entries(log: RecoveryLog, summary: RecoverySummary) -> None:
 def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> RecoverySummary:
     collector = collector or Collector()
     summary = RecoverySummary(pipeline_id=config.pipeline_id)
-    staging = open_store(config.staging)
+    staging = open_store(config.staging_root)
     log = RecoveryLog(
         open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, writer=f"recover-{uuid.uuid4().hex[:8]}"
     )
@@ -126,7 +134,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
             f"tables record epochs {ahead} but the recovery log ends at epoch {last_epoch}: more than one "
             "committed epoch is missing from the log. Restore the log from a backup; recover cannot rebuild it."
         )
-    driver = DeltaDriver(spark, config, staging, collector)
+    driver = DeltaDriver(spark, config, staging, collector, fence_check=lambda: log.check_holding("deleting staged files"))
 
     if ahead:
         # The lost entry was epoch last+1, applied to some tables: re-commit it from last's checkpoint.
@@ -173,9 +181,11 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     batches = {}
     for binding in config.bindings:
         source = open_source(binding, staging)
+        # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
         batch = source.next_batch(
             spark, rewind.get(binding.name), config.transaction.max_documents,
             f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
+            until=(expected_end or {}).get(binding.name),
         )
         if batch is None:
             if binding.name in restage:
@@ -221,11 +231,78 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
             staged[binding.name] = keep[binding.name]
 
     # --- commit epoch `target` again; the next run applies it ---
-    driver_checkpoint = DriverCheckpoint(epoch=target, staged=staged, rewind=rewind)
+    written = list(last.driver_checkpoint.written) if last is not None and last.driver_checkpoint is not None else []
+    driver_checkpoint = DriverCheckpoint(epoch=target, staged=staged, rewind=rewind, written=written)
     entry = log.commit(target, new_checkpoint, driver_checkpoint)
     summary.recommitted_epoch = target
     summary.actions.append(
         f"committed epoch {target} again (log sequence {entry.seq}) with re-staged files for {sorted(summary.restaged)}; "
         "`materializer run` applies it"
+    )
+    return summary
+
+
+def skip_epoch(
+    config: PipelineConfig, spark: "SparkSession", epoch: int, binding_name: str, keep_to: str | None = None
+) -> RecoverySummary:
+    """Set a stuck epoch's rows for one binding aside (kept whole), and commit the epoch without them."""
+    summary = RecoverySummary(pipeline_id=config.pipeline_id)
+    try:
+        binding = config.binding(binding_name)
+    except KeyError:
+        raise ConfigError(f"--binding {binding_name}: the configuration has no such binding") from None
+    staging = open_store(config.staging_root)
+    log = RecoveryLog(
+        open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, writer=f"recover-{uuid.uuid4().hex[:8]}"
+    )
+    # Open first: its fence stops any run still active before anything changes.
+    state = log.open()
+    last = state.last_commit
+    if last is None or last.driver_checkpoint is None or last.epoch != epoch:
+        raise TableStateError(
+            f"--skip-epoch {epoch}: the recovery log's last committed epoch is {state.last_epoch}; only that epoch can be "
+            "stuck (every earlier one is applied). Nothing was changed."
+        )
+    recorded = table_state(spark, TableRef(binding.table), config.pipeline_id).txn_version or 0
+    staged = last.driver_checkpoint.staged.get(binding.name)
+    if recorded >= epoch or staged is None:
+        raise TableStateError(
+            f"--skip-epoch {epoch} --binding {binding.name}: "
+            + (f"table {binding.table} already records epoch {epoch}" if recorded >= epoch else f"epoch {epoch} has no rows for it")
+            + ": nothing to set aside. Nothing was changed."
+        )
+    if not _staged_intact(staging, staged):
+        raise StagingError(
+            f"epoch {epoch}, binding {binding.name}: staged file {staging.uri}/{staged.uri} is missing or damaged, so its "
+            "rows cannot be kept: run `materializer recover --config F` first to re-stage the epoch. Nothing was changed."
+        )
+    kept_path = f"skipped/epoch-{epoch:012d}-{binding.name}-{uuid.uuid4().hex[:8]}"
+    destination = keep_to or staging.spark_path(kept_path)
+    # Copied whole before the log forgets the staged file (the next Open deletes it as unreferenced).
+    spark.read.parquet(staging.spark_path(staged.uri)).write.mode("error").parquet(destination)
+    copied = spark.read.parquet(destination).count()
+    if copied != staged.rows:
+        raise StagingError(
+            f"epoch {epoch}, binding {binding.name}: copying the staged rows to {destination} gave {copied} rows, not "
+            f"{staged.rows}; nothing was changed in the log. Remove {destination} and try again."
+        )
+    checkpoint = last.driver_checkpoint
+    entry = log.commit(
+        epoch,
+        dict(last.runtime_checkpoint or {}),
+        checkpoint.model_copy(
+            update={
+                "staged": {**checkpoint.staged, binding.name: None},
+                "skipped": {**checkpoint.skipped, binding.name: destination},
+            }
+        ),
+    )
+    log.clear_failures(epoch)
+    summary.recommitted_epoch = epoch
+    summary.actions.append(
+        f"epoch {epoch}, binding {binding.name}: its {staged.rows} rows were set aside, kept as Parquet at {destination} "
+        f"(with column _op: 'd' rows are deletes); epoch {epoch} is committed again without them (log sequence "
+        f"{entry.seq}). `materializer run` records the epoch on {binding.table} and goes on; write the kept rows to the "
+        "table yourself once it can take them"
     )
     return summary

@@ -30,7 +30,13 @@ from materializer.protocol import DriverCheckpoint, RuntimeCheckpoint
 from materializer.storage import Store
 
 ENTRIES = "entries"
+FAILURES = "failures"
+"""Why an epoch could not be applied (``failures/epoch-<epoch>-<binding>-<writer>.txt``), for
+``status``: written when Delta refuses a committed epoch, removed once it is applied."""
+TMP_PREFIX = ".tmp-"
+"""Temporary files of a local store's publish (storage/local.py): a kill leaves them behind."""
 _NAME = re.compile(r"^entries/(\d{20})\.json$")
+_FAILURE = re.compile(r"^failures/epoch-(\d{12})-([A-Za-z_][A-Za-z0-9_]*)-[^/]+\.txt$")
 OPEN_ATTEMPTS = 5
 
 
@@ -175,6 +181,7 @@ class RecoveryLog:
             fence = self._entry(seq, "fence", state.last_epoch)
             if self.store.put_if_absent(entry_path(seq), encode(fence)):
                 self._next_seq = seq + 1
+                self._clean_temporary()
                 return state
             # Another writer published at the same sequence between our read and our write:
             # read again and fence after it.
@@ -182,6 +189,16 @@ class RecoveryLog:
             f"pipeline {self.pipeline_id!r}: could not open the recovery log {self.store.uri}: other "
             f"writers kept publishing entries ({OPEN_ATTEMPTS} attempts). Is another run of this pipeline active?"
         )
+
+    def _clean_temporary(self) -> None:
+        """Remove temp files that killed writers left mid-publish (only after our fence is out).
+
+        An older writer may still be in its publish window: removing its temp file makes its
+        link fail, which the store reports as "taken", and it is indeed fenced by our entry.
+        """
+        for info in self.store.list(ENTRIES):
+            if info.path.rsplit("/", 1)[-1].startswith(TMP_PREFIX):
+                self.store.delete(info.path)
 
     def commit(
         self,
@@ -199,7 +216,8 @@ class RecoveryLog:
             seq, "commit", epoch, runtime_checkpoint=runtime_checkpoint, driver_checkpoint=driver_checkpoint
         )
         if not self.store.put_if_absent(entry_path(seq), encode(entry), before_publish=before_publish):
-            raise self._fenced(seq, epoch)
+            taken = [s for s in self.sequences() if s >= seq]
+            raise self._fenced(taken[0] if taken else seq, epoch)
         newer = [s for s in self.sequences() if s > seq]
         if newer:
             # Our sequence was free only because compaction had removed it: a newer writer is
@@ -230,6 +248,50 @@ class RecoveryLog:
             f"newer run applies epoch {epoch} itself and nothing more is applied here. The "
             f"{'work' if doing else 'apply'} here failed with: {detail}"
         ) from cause
+
+    def check_holding(self, doing: str) -> None:
+        """Raise FencedError, before ``doing`` anything, if a newer writer has opened the log."""
+        if self._next_seq is None:
+            return
+        newer = [s for s in self.sequences() if s >= self._next_seq]
+        if newer:
+            holder = "another writer"
+            try:
+                holder = f"writer {self.read_entry(newer[0]).writer}"
+            except RecoveryLogError:
+                pass
+            raise FencedError(
+                f"pipeline {self.pipeline_id!r} was opened by {holder} (log sequence {newer[0]}), so this run "
+                f"(writer {self.writer}) is fenced and stops before {doing}: the newer run owns the staged files now."
+            )
+
+    # --- failures (a stuck epoch) ---
+
+    def record_failure(self, epoch: int, binding: str, message: str) -> None:
+        """Keep why Delta refused a committed epoch, for ``status`` (best effort: the run stops anyway)."""
+        try:
+            self.store.put_if_absent(f"{FAILURES}/epoch-{epoch:012d}-{binding}-{self.writer}.txt", message.encode())
+        except Exception:  # noqa: BLE001 - the apply's error is the one to report
+            pass
+
+    def failures(self) -> dict[tuple[int, str], str]:
+        """(epoch, binding) -> the latest recorded reason it could not be applied."""
+        found: dict[tuple[int, str], str] = {}
+        for info in self.store.list(FAILURES):
+            match = _FAILURE.match(info.path)
+            if match:
+                try:
+                    found[(int(match.group(1)), match.group(2))] = self.store.get(info.path).decode(errors="replace")
+                except FileNotFoundError:
+                    continue
+        return found
+
+    def clear_failures(self, upto_epoch: int) -> None:
+        """Forget failures of epochs now applied."""
+        for info in self.store.list(FAILURES):
+            match = _FAILURE.match(info.path)
+            if match and int(match.group(1)) <= upto_epoch:
+                self.store.delete(info.path)
 
     def _fenced(self, seq: int, epoch: int) -> FencedError:
         holder = "another writer"

@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from materializer.config import BindingConfig
+from materializer.delta import quote
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import OP, RESERVED, SEQ
 
@@ -96,10 +97,10 @@ def combine(documents: "DataFrame", binding: BindingConfig) -> "DataFrame":
     # One hash aggregate (max_by) instead of a window's sort: 1.4 s against 1.6 s per 1M rows here.
     keys = set(binding.key)
     values = [c for c in documents.columns if c not in keys and c != SEQ]
-    latest = documents.groupBy(*[F.col(f"`{k}`") for k in binding.key]).agg(
-        F.max_by(F.struct(*[F.col(f"`{c}`") for c in values]), F.col(SEQ)).alias("__last")
+    latest = documents.groupBy(*[F.col(quote(k)) for k in binding.key]).agg(
+        F.max_by(F.struct(*[F.col(quote(c)) for c in values]), F.col(SEQ)).alias("__last")
     )
-    return latest.select(*[F.col(f"`{c}`") if c in keys else F.col(f"__last.`{c}`").alias(c) for c in documents.columns if c != SEQ])
+    return latest.select(*[F.col(quote(c)) if c in keys else F.col("__last")[c].alias(c) for c in documents.columns if c != SEQ])
 
 
 def reduce(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingConfig) -> "DataFrame":
@@ -119,10 +120,11 @@ def reduce(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingC
 
 def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingConfig) -> "DataFrame":
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    from pyspark.sql.types import StringType, StructField, StructType
 
     keys = binding.key
     reduced = reduced_fields(binding)
+    seq_type = documents.schema[SEQ].dataType
     doc_types = {f.name: f.dataType for f in documents.schema.fields if f.name not in keys and f.name not in RESERVED}
     # The table's types type the fold (the loaded rows have the table's schema; delta-updates
     # mode loads nothing, so the schema is read from the Delta log).
@@ -153,31 +155,31 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
     def value(name: str, types: dict[str, DataType], nulls: list[str], target: DataType) -> Column:
         if name not in types or name in nulls:
             return F.lit(None).cast(target)
-        return conform(F.col(f"`{name}`"), types[name], target, _type_message(binding, name))
+        return conform(F.col(quote(name)), types[name], target, _type_message(binding, name))
 
     def origin(rank: int, nulls: list[str]) -> Column:
         # The checks ride on the origin column: the sort compares it, so Spark cannot prune them.
         column: Column = F.lit(rank)
         for name in nulls:
-            column = F.when(F.col(f"`{name}`").isNotNull(), F.raise_error(F.lit(_type_message(binding, name)))).otherwise(column)
+            column = F.when(F.col(quote(name)).isNotNull(), F.raise_error(F.lit(_type_message(binding, name)))).otherwise(column)
         return column.cast("int")
 
     doc_row = F.struct(
         origin(1, doc_nulls).alias(_ORIGIN),
-        F.col(SEQ).cast(LongType()).alias(SEQ),
+        F.col(SEQ).alias(SEQ),  # any orderable type (a long, or documents' (file, block, row))
         F.col(OP).alias(OP),
         *[value(name, doc_types, doc_nulls, target).alias(name) for name, target in targets.items()],
     )
-    rows = documents.select(*[F.col(f"`{k}`") for k in keys], doc_row.alias(_ROW))
+    rows = documents.select(*[F.col(quote(k)) for k in keys], doc_row.alias(_ROW))
     if loaded is not None:
         key_types = {f.name: f.dataType for f in documents.schema.fields if f.name in keys}
         loaded_row = F.struct(
             origin(0, loaded_nulls).alias(_ORIGIN),
-            F.lit(0).cast(LongType()).alias(SEQ),
+            F.lit(None).cast(seq_type).alias(SEQ),  # never compared: the loaded row's origin sorts first
             F.lit("u").alias(OP),
             *[value(name, loaded_types, loaded_nulls, target).alias(name) for name, target in targets.items()],
         )
-        current = loaded.select(*[F.col(f"`{k}`").cast(key_types[k]).alias(k) for k in keys], loaded_row.alias(_ROW))
+        current = loaded.select(*[F.col(quote(k)).cast(key_types[k]).alias(k) for k in keys], loaded_row.alias(_ROW))
         rows = rows.unionByName(current)
 
     state_type = StructType(
@@ -210,13 +212,13 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
     zero = F.struct(
         F.lit(None).cast(StringType()).alias(OP), *[F.lit(None).cast(t).alias(name) for name, t in targets.items()]
     ).cast(state_type)
-    folded = rows.groupBy(*[F.col(f"`{k}`") for k in keys]).agg(F.collect_list(_ROW).alias(_DOCS))
+    folded = rows.groupBy(*[F.col(quote(k)) for k in keys]).agg(F.collect_list(_ROW).alias(_DOCS))
     folded = folded.select(
-        *[F.col(f"`{k}`") for k in keys],
+        *[F.col(quote(k)) for k in keys],
         F.aggregate(F.array_sort(F.col(_DOCS), in_order), zero, fold).alias(_STATE),
     )
     return folded.select(
-        *[F.col(f"`{k}`") for k in keys],
+        *[F.col(quote(k)) for k in keys],
         *[F.col(_STATE)[name].alias(name) for name in targets],
         F.col(_STATE)[OP].alias(OP),
     )

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash, reductions
-from materializer.config import PipelineConfig
-from materializer.delta import TableRef, table_state
+from materializer.config import BindingConfig, PipelineConfig
+from materializer.delta import TableRef, quote, table_identity, table_state, table_writers
 from materializer.driver import DeltaDriver
-from materializer.errors import FencedError, TableStateError
-from materializer.progress import Collector
+from materializer.errors import ApplyError, ConfigError, FencedError, TableStateError
+from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
@@ -46,7 +46,7 @@ from materializer.protocol import (
     StartCommit,
     Store,
 )
-from materializer.recovery_log import RecoveryLog
+from materializer.recovery_log import LogEntry, RecoveryLog
 from materializer.sources import SourceBatch, open_source
 from materializer.storage import open_store
 
@@ -92,24 +92,29 @@ class Runtime:
     def __init__(self, config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> None:
         self.config = config
         self.spark = spark
-        self.collector = collector or Collector()
-        self.staging = open_store(config.staging)
+        # Every consumer also gets one `progress` record per applied epoch, folded from the events.
+        self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
+        self.staging = open_store(config.staging_root)
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
-        self.driver = DeltaDriver(spark, config, self.staging, self.collector)
+        self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
         self.sources = {b.name: open_source(b, self.staging) for b in config.bindings}
         for binding in config.bindings:
             if binding.mode == "standard":
                 reductions.check_supported(binding)
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
+        from pyspark.sql import functions as F
+
         started = time.monotonic()
+        # Before the log is opened (so a wrong configuration fences no running writer).
+        self._check_distinct_tables()
         # --- Open ---
         state = self.log.open()
         epoch = state.last_epoch
-        last = state.last_commit
+        last = _renamed(state.last_commit, self.config)
         summary = RunSummary(pipeline_id=self.config.pipeline_id, opened_at_epoch=epoch)
         self.collector.event("opened", pipeline=self.config.pipeline_id, epoch=epoch, writer=self.log.writer)
-        self._check_tables(epoch)
+        self._check_tables(epoch, last)
         driver_checkpoint = last.driver_checkpoint if last else None
         opened = self.driver.open(Open(pipeline_id=self.config.pipeline_id, last_epoch=epoch, driver_checkpoint=driver_checkpoint))
         summary.orphans_deleted = opened.orphans_deleted
@@ -123,16 +128,22 @@ class Runtime:
         acking: Future[Acknowledged] | None = None
 
         def acknowledge(epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
+            began = time.monotonic()
             try:
                 result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
             except Exception as exc:
                 # A zombie (paused, then resumed) finds its staged files deleted by the newer
                 # writer that applied them: say it is fenced, not what Spark saw.
                 self.log.check_not_fenced(epoch, cause=exc)
+                if isinstance(exc, ApplyError):
+                    # Stuck: recorded so `status` can say which epoch, binding and error.
+                    self.log.record_failure(exc.epoch, exc.binding, str(exc))
                 raise
+            if first:
+                self.log.clear_failures(epoch)
             # Sent from the applying thread, so its time is when the apply ended, not when the
             # runtime next looked.
-            self.collector.event("acknowledged", epoch=epoch, first=first)
+            self.collector.event("acknowledged", epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now())
             return result
 
         def acknowledged() -> None:
@@ -165,8 +176,10 @@ class Runtime:
                 next_epoch = epoch + 1
                 try:
                     batches = self._read(next_epoch, runtime_checkpoint)
+                    staging_began = time.monotonic()
                     with _explained(batches):
                         prestaged = self._prestage(next_epoch, batches)
+                    stage_seconds = time.monotonic() - staging_began
                 except BaseException:
                     # Epoch N is committed: finish applying it before reporting the read's error
                     # (an error of the apply, a fence say, is the one raised then).
@@ -180,6 +193,7 @@ class Runtime:
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
 
+                staging_began = time.monotonic()
                 new_checkpoint = dict(runtime_checkpoint)
                 for name, batch in batches.items():
                     new_checkpoint[name] = batch.checkpoint
@@ -188,7 +202,8 @@ class Runtime:
                     for name, batch in batches.items():
                         binding = self.config.binding(name)
                         if binding.needs_loads:
-                            self.driver.load(Load(binding=name, keys=batch.documents.select(*binding.key)))
+                            keys = batch.documents.select(*[F.col(quote(k)) for k in binding.key])
+                            self.driver.load(Load(binding=name, keys=keys))
                     flushed = self.driver.flush(Flush())
                     loaded = {item.binding: item.rows for item in flushed.loaded}
 
@@ -204,13 +219,15 @@ class Runtime:
                     started_commit = self.driver.start_commit(
                         StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
                     )
-                self.staging.delete_prefix(f"spool/epoch-{next_epoch:012d}")
+                self.staging.delete_prefix(self._spool(next_epoch))
+                stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
 
                 # --- commit to the recovery log ---
                 def mid_commit(e: int = next_epoch) -> None:
                     crash.crash_point("mid-log-commit", e)
 
+                committing = time.monotonic()
                 try:
                     self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
                 except FencedError:
@@ -221,6 +238,7 @@ class Runtime:
                     raise
                 # crash here leaves the entry committed but unapplied: the next Open re-applies it
                 crash.crash_point("after-log-commit", next_epoch)
+                log_commit_seconds = time.monotonic() - committing
                 epoch = next_epoch
                 runtime_checkpoint = new_checkpoint
                 pending = started_commit.driver_checkpoint
@@ -230,7 +248,16 @@ class Runtime:
                     description={n: b.description for n, b in batches.items()},
                 )
                 summary.epochs.append(current)
-                self.collector.event("committed", epoch=epoch, documents=sum(current.documents.values()))
+                staged_files = started_commit.driver_checkpoint.staged
+                self.collector.event(
+                    "committed",
+                    epoch=epoch,
+                    documents=sum(current.documents.values()),
+                    at=utc_now(),
+                    staged={n: (f.rows, f.bytes) for n, f in staged_files.items() if f is not None},
+                    stage_seconds=stage_seconds,
+                    log_commit_seconds=log_commit_seconds,
+                )
         except FencedError:
             raise
         except Exception as exc:
@@ -249,6 +276,8 @@ class Runtime:
             applier.shutdown(wait=True)
             # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
             self.driver.discard_prestaged()
+            # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
+            self.staging.delete_prefix(f"spool/{self.log.writer}")
             self.driver.close()
         summary.last_epoch = epoch
         summary.seconds = time.monotonic() - started
@@ -257,15 +286,27 @@ class Runtime:
     def _read(self, epoch: int, checkpoint: dict[str, Any]) -> dict[str, SourceBatch]:
         batches = {}
         for binding in self.config.bindings:
+            began, at = time.monotonic(), utc_now()
             batch = self.sources[binding.name].next_batch(
                 self.spark,
                 checkpoint.get(binding.name),
                 self.config.transaction.max_documents,
-                f"spool/epoch-{epoch:012d}/{binding.name}.jsonl",
+                f"{self._spool(epoch)}/{binding.name}.jsonl",
             )
             if batch is not None:
                 batches[binding.name] = batch
-                self.collector.event("read", epoch=epoch, binding=binding.name, documents=batch.count, extent=batch.description)
+                self.collector.event(
+                    "read",
+                    epoch=epoch,
+                    binding=binding.name,
+                    documents=batch.count,
+                    extent=batch.description,
+                    # Optional fields of SourceBatch (a source that does not know leaves them out).
+                    bytes=getattr(batch, "bytes", None),
+                    lag=getattr(batch, "lag", None),
+                    seconds=time.monotonic() - began,
+                    at=at,
+                )
         return batches
 
     def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
@@ -281,10 +322,40 @@ class Runtime:
                 prestaged[name] = rows
         return prestaged
 
-    def _check_tables(self, last_epoch: int) -> None:
-        """A table recording a later epoch than the log means the log was lost or swapped."""
+    def _spool(self, epoch: int) -> str:
+        # Per writer: a zombie reading the same epoch as the newer run never shares its spool.
+        return f"spool/{self.log.writer}/epoch-{epoch:012d}"
+
+    def _fence_check(self) -> None:
+        self.log.check_holding("deleting staged files")
+
+    def _check_distinct_tables(self) -> None:
+        """Two bindings on one table, however spelled (DESIGN invariant 10): their MERGEs would carry
+        the same txn id and version, and Delta would skip the second binding's rows."""
+        seen: dict[str, str] = {}
         for binding in self.config.bindings:
-            state = table_state(self.spark, TableRef(binding.table), self.config.pipeline_id)
+            identity = table_identity(self.spark, TableRef(binding.table))
+            if identity in seen:
+                raise ConfigError(
+                    f"bindings {seen[identity]!r} and {binding.name!r} write to the same table ({identity}, "
+                    f"spelled {self.config.binding(seen[identity]).table!r} and {binding.table!r}): a table takes one "
+                    "binding, or the second one's rows would be skipped as already applied. Give each binding its "
+                    "own table. Nothing was started."
+                )
+            seen[identity] = binding.name
+
+    def _check_tables(self, last_epoch: int, last: LogEntry | None) -> None:
+        """Once per run, before anything is written: what each table records must be ours.
+
+        * a later epoch than the log: the log was lost or swapped;
+        * a table this pipeline wrote rows to that is gone: deleted or moved by someone;
+        * commits of another pipeline or binding, or another writer's txn ids: a rename or a new
+          pipeline_id over existing tables would read the source again and write it twice.
+        """
+        written = set(last.driver_checkpoint.written) if last and last.driver_checkpoint else set()
+        for binding in self.config.bindings:
+            table = TableRef(binding.table)
+            state = table_state(self.spark, table, self.config.pipeline_id)
             if state.txn_version is not None and state.txn_version > last_epoch:
                 raise TableStateError(
                     f"table {binding.table} records epoch {state.txn_version} for pipeline "
@@ -292,3 +363,80 @@ class Runtime:
                     f"{last_epoch}: the log was deleted or replaced. Restore the log, or give the pipeline a "
                     "new pipeline_id and new tables to start over; nothing was changed."
                 )
+            if not state.exists:
+                if binding.name in written:
+                    raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
+                continue
+            self._check_writers(binding, table)
+
+    def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
+        pipeline = self.config.pipeline_id
+        ours = {binding.name, *binding.previous_names}
+        writers = table_writers(self.spark, table)
+        first_own = min((first for (p, b), (first, _last) in writers.tags.items() if p == pipeline and b in ours), default=None)
+        foreign: dict[str, int] = {}
+        for (p, b), (_first, last_version) in writers.tags.items():
+            if not (p == pipeline and b in ours):
+                foreign[f"binding {b!r} of pipeline {p!r}" if p != pipeline else f"binding {b!r} of this pipeline"] = last_version
+        for app, last_version in writers.app_ids.items():
+            if app != pipeline and not any(p == app for p, _b in writers.tags):
+                foreign[f"a writer with Delta transaction id {app!r}"] = last_version
+        # Commits before this binding's first one were taken over then (adopt_table, once).
+        foreign = {who: v for who, v in foreign.items() if first_own is None or v > first_own}
+        if not foreign or binding.adopt_table:
+            return
+        who = ", ".join(f"{w} (up to Delta version {v})" for w, v in sorted(foreign.items(), key=lambda i: i[1])[:3])
+        renamed = [b for (p, b) in writers.tags if p == pipeline and b not in ours]
+        hint = (
+            f"If binding {binding.name!r} is binding {renamed[0]!r} renamed, add `previous_names: [{renamed[0]}]` to it: "
+            "its place in the source is taken over and nothing is read twice. "
+            if renamed
+            else ""
+        )
+        raise TableStateError(
+            f"binding {binding.name!r}: table {binding.table} holds commits of {who}"
+            + (", made after this binding's own" if first_own is not None else "")
+            + ". Writing it would re-apply rows that are already there (a new pipeline_id or a renamed binding "
+            "reads its source again from the start) or mix two writers in one table. "
+            + hint
+            + "To write to the table anyway, set `adopt_table: true` on the binding (README: 'Sharing or taking "
+            "over a table'). Nothing was written."
+        )
+
+
+def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
+    """The last commit with renamed bindings' state under their new names (``previous_names``)."""
+    if entry is None:
+        return None
+    runtime = dict(entry.runtime_checkpoint or {})
+    driver = entry.driver_checkpoint
+    staged = dict(driver.staged) if driver else {}
+    written = set(driver.written) if driver else set()
+    changed = False
+    for binding in config.bindings:
+        for old in binding.previous_names:
+            if old in runtime and binding.name not in runtime:
+                runtime[binding.name] = runtime.pop(old)
+                changed = True
+            if old in staged and binding.name not in staged:
+                staged[binding.name] = staged.pop(old)
+                changed = True
+            if old in written:
+                written = (written - {old}) | {binding.name}
+                changed = True
+    if not changed:
+        return entry
+    update: dict[str, Any] = {"runtime_checkpoint": runtime}
+    if driver is not None:
+        update["driver_checkpoint"] = driver.model_copy(update={"staged": staged, "written": sorted(written)})
+    return entry.model_copy(update=update)
+
+
+def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:
+    return (
+        f"binding {binding!r}: table {table} does not exist, but pipeline {pipeline!r} has applied rows to it "
+        f"(the recovery log is at epoch {last_epoch}): the table was deleted or moved. Restore it at {table} (from "
+        "a backup or the moved folder) and run again; or, to rebuild it from the source, start the pipeline over "
+        "with a new pipeline_id, recovery_log and staging (the other tables then need `adopt_table: true`). "
+        "Nothing was written."
+    )

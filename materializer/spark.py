@@ -1,16 +1,23 @@
 """The SparkSession: the cluster's own when one exists, else a local one with Delta's jars.
 
-The Delta (and, for S3, hadoop-aws) jars come from Maven Central through Spark's Ivy resolver into
-a cache folder that outlives the run (``~/.cache/materializer/ivy`` unless ``MATERIALIZER_IVY_CACHE``
-says otherwise), so only the first run on a machine downloads them.
+The Delta (and, for S3, hadoop-aws) jars are resolved once from Maven Central (``materializer.jars``)
+into a cache folder that outlives the run (``~/.cache/materializer/ivy`` unless
+``MATERIALIZER_IVY_CACHE`` says otherwise); later sessions start from the cached jar paths. The JVM
+logs through a log4j2 file that keeps Spark's start-up chatter off the terminal (``verbose`` shows it).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from materializer.errors import StartupError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,7 +50,7 @@ def delta_package(spark_version: str | None = None) -> str:
         supported = ", ".join(sorted(DELTA_FOR_SPARK))
         raise ConfigError(
             f"pyspark {version} has no tested Delta release here (supported Spark: {supported}); "
-            "install the pinned pair with `pip install 'materializer[local]'`, or run on a Spark "
+            "install the pinned pair with `pip install 'delta-materializer[local]'`, or run on a Spark "
             "Connect server or cluster that has Delta (--remote / --master)"
         )
     artifact, delta = DELTA_FOR_SPARK[version]
@@ -74,6 +81,26 @@ HADOOP_AWS_VERSION = _bundled_hadoop_version()
 DELTA_PACKAGE = f"{DELTA_FOR_SPARK.get(SPARK_VERSION, DELTA_FOR_SPARK[DEFAULT_SPARK_VERSION])[0]}:{DELTA_VERSION}"
 HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}"
 
+# --- Kafka (issue 17): the connector's jars when a binding reads a topic --------------------------
+# One separate spot for whoever moves package resolution elsewhere (jars.py): the connector matches
+# pyspark's exact version. Its dependency spark-token-provider-kafka-0-10 is published on Maven
+# Central only up to 4.0.0 as this registry serves it (4.2.0's pom and jar are 404): the connector's
+# resolution leaves it out (jars.py excludes org.apache.spark's modules from transitive
+# dependencies), and its 4.0.0 jar (the same classes: KafkaConfigUpdater, KafkaTokenUtil) is
+# resolved on its own, without dependencies. Where 4.2.0 resolves, drop KAFKA_TOKEN_PROVIDER.
+def _pyspark_version(default: str = "4.2.0") -> str:
+    try:
+        import pyspark
+
+        return pyspark.__version__
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return default
+
+
+KAFKA_PACKAGE = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_VERSION}:{_pyspark_version()}"
+KAFKA_TOKEN_PROVIDER = ("org.apache.spark", f"spark-token-provider-kafka-0-10_{SCALA_VERSION}", "4.0.0")
+
+
 # Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
 # documents bring; the txn confs are set per apply by the driver, never here.
 BASE_CONF = {
@@ -87,10 +114,38 @@ BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
-    # SparkContext.setLogLevel at start-up, without touching sparkContext (DESIGN invariant 11).
-    "spark.log.level": "ERROR",
 }
+
+MIN_JAVA = 17
+"""Spark 4 runs on Java 17 or 21."""
+
+# Spark's own loggers at WARN, and the ones that warn about nothing a user can act on at ERROR.
+QUIET_LOG4J2 = """\
+# Written by materializer (spark.py): Spark's start-up chatter off the terminal; `-v` shows it.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.metrics.name = org.apache.hadoop.metrics2
+logger.metrics.level = error
+logger.plans.name = org.apache.spark.util.SparkStringUtils
+logger.plans.level = error
+logger.checkpoint.name = org.apache.spark.rdd.MapPartitionsRDD
+logger.checkpoint.level = error
+# Deprecation notices about SQL our code generates (a user cannot act on them; `-v` shows them).
+logger.functions.name = org.apache.spark.sql.catalyst.analysis.FunctionResolution
+logger.functions.level = error
+"""
+
+# Lines printed straight to stderr (not through log4j): the JVM's notice for the module Spark adds
+# to every JVM it starts, and the SLF4J 1.x the AWS SDK bundle shades (hadoop-aws) saying it has no
+# binding. Neither is anything a user can act on; `-v` shows them.
+_JVM_NOTICES = (b"WARNING: Using incubator modules", b"SLF4J: ")
 
 
 def ivy_cache() -> Path:
@@ -104,45 +159,243 @@ def active_session() -> "SparkSession | None":
     return SparkSession.getActiveSession()
 
 
+def java_command() -> str:
+    """The ``java`` Spark's launcher will run: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not java.is_file():
+            raise StartupError(
+                f"JAVA_HOME is set to {home}, which has no bin/java: Spark starts its Java virtual machine from "
+                f"there. Point JAVA_HOME at a Java {MIN_JAVA} or 21 installation (the folder that contains bin/java), "
+                "or unset it to use the `java` on PATH; then run again. Nothing was started."
+            )
+        return str(java)
+    found = shutil.which("java")
+    if found is None:
+        from materializer.jars import java_missing_message
+
+        raise StartupError(java_missing_message("java on PATH; JAVA_HOME is not set"))
+    return found
+
+
+def java_major_version(java: str) -> int | None:
+    """The major version ``java -version`` reports (8 for ``1.8.0_x``), None if it says nothing we know."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StartupError(
+            f"{java} could not be run ({exc}): Spark needs a working Java {MIN_JAVA} or 21. Repair or reinstall "
+            "it, or point JAVA_HOME at another installation; then run again. Nothing was started."
+        ) from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> str:
+    """The java to start Spark with, after checking it runs Spark 4 (StartupError otherwise)."""
+    java = java_command()
+    major = java_major_version(java)
+    if major is not None and major < MIN_JAVA:
+        raise StartupError(
+            f"{java} is Java {major}, but Spark 4 needs Java {MIN_JAVA} or 21. Install one (e.g. `apt-get install "
+            "openjdk-17-jre-headless`, or from adoptium.net) and set JAVA_HOME to its folder (or put its bin first "
+            "on PATH); then run again. Nothing was started."
+        )
+    return java
+
+
+def quiet_log4j_file(cache: Path) -> Path:
+    """The log4j2 configuration for quiet sessions, written into the cache folder when it differs."""
+    path = cache / "log4j2-quiet.properties"
+    if not path.is_file() or path.read_text() != QUIET_LOG4J2:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # per process: two first runs may race here
+        tmp.write_text(QUIET_LOG4J2)
+        os.replace(tmp, path)
+    return path
+
+
+def session_jars(
+    s3: bool,
+    *,
+    kafka: bool = False,
+    java: str = "java",
+    verbose: bool = False,
+    report: "Callable[[str], None] | None" = None,
+) -> list[str]:
+    """Paths of the jars a local session needs (resolved on the first run only)."""
+    from materializer.jars import resolve
+
+    from materializer.jars import shipped_modules
+
+    packages = [delta_package()] + ([HADOOP_AWS_PACKAGE] if s3 else [])
+    jars = resolve(packages, ivy_cache(), java=java, verbose=verbose, report=report).jars
+    if kafka:
+        # The connector is a Spark module itself: resolved leaving out only what pyspark ships and
+        # the token provider, which is then resolved alone (see KAFKA_TOKEN_PROVIDER).
+        group, provider, version = KAFKA_TOKEN_PROVIDER
+        excludes = sorted(shipped_modules() | {provider})
+        jars += resolve([KAFKA_PACKAGE], ivy_cache(), java=java, verbose=verbose, report=report, excludes=excludes, spark_modules=True).jars
+        jars += resolve([f"{group}:{provider}:{version}"], ivy_cache(), java=java, verbose=verbose, report=report, excludes=[], transitive=False).jars
+    return list(dict.fromkeys(jars))
+
+
 def build_session(
     master: str = "local[*]",
     conf: dict[str, str] | None = None,
     *,
     app_name: str = "materializer",
     s3: bool = False,
+    kafka: bool = False,
+    verbose: bool = False,
+    report: "Callable[[str], None] | None" = None,
 ) -> "SparkSession":
-    """Return the active session, or start one with Delta (and hadoop-aws when ``s3``)."""
+    """Return the active session, or start one with Delta (and hadoop-aws when ``s3``, Spark's
+    Kafka connector when ``kafka``).
+
+    ``verbose`` lets Ivy's report and Spark's INFO logs through; ``report`` receives the one line
+    (and progress) of a first-run jar download. Raises StartupError for no Java, a Java too old,
+    and jars that cannot be fetched.
+    """
     existing = active_session()
     if existing is not None:
         return existing
     from pyspark.sql import SparkSession
 
-    packages = [delta_package()] + ([HADOOP_AWS_PACKAGE] if s3 else [])
+    java = check_java()
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = dict(BASE_CONF)
-    settings["spark.jars.packages"] = ",".join(packages)
-    settings["spark.jars.ivy"] = str(ivy_cache())
+    settings["spark.jars"] = ",".join(session_jars(s3, kafka=kafka, java=java, verbose=verbose, report=report))
+    java_options = [] if verbose else [f"-Dlog4j2.configurationFile={quiet_log4j_file(ivy_cache()).as_uri()}"]
+    env: dict[str, str] = {}
     if master.startswith("local") or os.environ.get("SPARK_LOCAL_IP"):
         # Bind to loopback: a local run needs no network (and this host's name may not resolve).
         host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         settings["spark.driver.host"] = host
         settings["spark.driver.bindAddress"] = host
+        env["SPARK_LOCAL_IP"] = host  # else the JVM warns that the host name resolves to loopback
     if s3:
         settings.update(s3a_conf())
     settings.update(conf or {})
+    user_options = settings.get("spark.driver.extraJavaOptions", "")
+    settings["spark.driver.extraJavaOptions"] = " ".join(java_options + ([user_options] if user_options else []))
     for key, value in settings.items():
         builder = builder.config(key, value)
-    # The JVM inherits our stdout, and Spark's jar resolver prints its report there: start it with
-    # stdout pointed at stderr, so our stdout stays ours (``--json`` output, pipes).
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        session = builder.getOrCreate()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    session = _start_jvm(builder.getOrCreate, verbose=verbose, env=env)
     return session
+
+
+def stop_session(session: "SparkSession") -> None:
+    """Stop a session this process started (never a host's: Databricks, a notebook); quietly."""
+    try:
+        session.stop()
+    except Exception:  # noqa: BLE001 - a JVM already gone: nothing left to stop
+        pass
+
+
+def _start_jvm(start: "Callable[[], SparkSession]", *, verbose: bool, env: dict[str, str]) -> "SparkSession":
+    """Start the JVM with its stdout and stderr on a pipe that a thread forwards to our stderr.
+
+    The JVM inherits our file descriptors: its stdout must not be ours (``--json`` output, pipes),
+    and the one notice the JVM itself prints at start (not log4j's) is dropped unless ``verbose``.
+    What it says while starting is held back until it has started: if it fails, the StartupError
+    quotes it instead.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    relay = _Relay(read_end, verbose)
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    os.dup2(write_end, 1)
+    os.dup2(write_end, 2)
+    try:
+        session = start()
+    except Exception as exc:
+        _restore(saved_out, saved_err, saved_env, write_end)
+        if not _gateway_exited(exc):
+            relay.release()
+            raise
+        raise _startup_failure(relay.held(wait=True)) from exc
+    _restore(saved_out, saved_err, saved_env, write_end)
+    relay.release()
+    return session
+
+
+def _restore(saved_out: int, saved_err: int, saved_env: dict[str, str | None], write_end: int) -> None:
+    os.dup2(saved_out, 1)
+    os.dup2(saved_err, 2)
+    os.close(saved_out)
+    os.close(saved_err)
+    os.close(write_end)
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+class _Relay:
+    """Reads the JVM's output for its lifetime (so it never blocks on a full pipe) and copies it to
+    our stderr; lines written while the JVM starts are held until :meth:`release`."""
+
+    def __init__(self, read_end: int, verbose: bool) -> None:
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._pending: list[bytes] | None = []
+        self._thread = threading.Thread(target=self._run, args=(read_end,), name="materializer-jvm-output", daemon=True)
+        self._thread.start()
+
+    def _emit(self, line: bytes) -> None:
+        if not self.verbose and line.startswith(_JVM_NOTICES):
+            return
+        try:
+            os.write(2, line)
+        except OSError:  # stderr closed: keep draining all the same
+            pass
+
+    def _run(self, read_end: int) -> None:
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            for line in iter(pipe.readline, b""):
+                with self._lock:
+                    if self._pending is not None:
+                        self._pending.append(line)
+                        continue
+                self._emit(line)
+
+    def release(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending or [], None
+            for line in pending:
+                self._emit(line)
+
+    def held(self, *, wait: bool) -> str:
+        if wait:
+            self._thread.join(timeout=5)  # the JVM has exited: the pipe ends
+        with self._lock:
+            return b"".join(self._pending or []).decode(errors="replace")
+
+
+def _gateway_exited(exc: BaseException) -> bool:
+    """pyspark's error for a JVM that exited before its gateway answered (by its error class)."""
+    get_class = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    return get_class is not None and get_class() == "JAVA_GATEWAY_EXITED"
+
+
+def _startup_failure(output: str) -> StartupError:
+    """A StartupError quoting what the JVM said before it exited while starting."""
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("WARNING: Using incubator")]
+    said = " | ".join(lines[-6:]) or "nothing"
+    return StartupError(
+        f"Spark's Java process exited while starting (it said: {said}). Check that JAVA_HOME or the `java` on "
+        f"PATH is a complete Java {MIN_JAVA} or 21 installation and that the options in the config's spark.conf "
+        "are valid; `materializer -v …` shows Spark's own log. Nothing was started."
+    )
 
 
 def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSession":
@@ -159,7 +412,7 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
     except ImportError as exc:
         raise ConfigError(
             f"--remote {url}: the Spark Connect client is not installed ({exc}); "
-            "install it with `pip install 'materializer[connect]'`"
+            "install it with `pip install 'delta-materializer[connect]'`"
         ) from None
     fixed = sorted(k for k in (conf or {}) if not k.startswith(("spark.sql.", "spark.databricks.")))
     if fixed:
@@ -199,12 +452,23 @@ def _close_at_exit(session: "SparkSession") -> "SparkSession":
 
 
 def session_for(
-    master: str, conf: dict[str, str] | None = None, *, remote: str | None = None, s3: bool = False
+    master: str,
+    conf: dict[str, str] | None = None,
+    *,
+    remote: str | None = None,
+    s3: bool = False,
+    kafka: bool = False,
+    verbose: bool = False,
+    report: "Callable[[str], None] | None" = None,
 ) -> "SparkSession":
-    """The run's session: a Spark Connect one when ``remote`` is given, else :func:`build_session`."""
+    """The run's session: a Spark Connect one when ``remote`` is given, else :func:`build_session`.
+
+    On Spark Connect the server brings its jars (Delta, hadoop-aws, the Kafka connector): none are
+    resolved here, and ``s3``/``kafka``/``report`` only matter for a local JVM.
+    """
     if remote:
         return remote_session(remote, conf)
-    return build_session(master, conf, s3=s3)
+    return build_session(master, conf, s3=s3, kafka=kafka, verbose=verbose, report=report)
 
 
 def is_connect(spark: "SparkSession") -> bool:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Union
 
 from materializer.config import PipelineConfig
-from materializer.delta import TableRef, table_state
-from materializer.driver import STAGED
+from materializer.delta import TableRef, TableState, read_txn_without_spark, table_state
+from materializer.driver import STAGED, dataset_of
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
 
@@ -37,17 +37,46 @@ class PipelineStatus:
     tables: list[TableStatus] = field(default_factory=list)
     orphaned: list[str] = field(default_factory=list)
     """Staged datasets that the last committed entry does not reference."""
+    stuck: list[str] = field(default_factory=list)
+    """Committed epochs Delta refused to apply: epoch, binding, the error and the way out."""
 
     @property
     def agrees(self) -> bool:
         return all(t.agrees for t in self.tables)
 
 
-def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineStatus:
+SessionSource = Union["SparkSession", Callable[[], "SparkSession"], None]
+
+
+class _Tables:
+    """Table states read by delta-rs where it can (no JVM), by Spark only where it must (a catalog
+    name, a table feature delta-rs does not read): the session is started on first need."""
+
+    def __init__(self, spark: SessionSource) -> None:
+        self._spark = spark
+        self.used_spark = False
+
+    def state(self, table: TableRef, app_id: str) -> TableState:
+        fast = read_txn_without_spark(table, app_id)
+        if fast is not None:
+            return fast
+        if self._spark is None:
+            raise RuntimeError(f"table {table} needs Spark to read and no session was given")
+        if callable(self._spark):
+            self._spark = self._spark()
+        self.used_spark = True
+        return table_state(self._spark, table, app_id)
+
+
+def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> PipelineStatus:
+    """``spark``: a session, a function that starts one (called only if a table needs it), or None."""
     log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
     state = log.read()
-    staging = open_store(config.staging)
-    datasets = sorted({"/".join(f.path.split("/")[:3]) for f in staging.list(STAGED)})
+    staging = open_store(config.staging_root)
+    datasets = sorted({dataset_of(f.path) for f in staging.list(STAGED)})
+    failures = log.failures()
+    checkpoint = state.last_commit.driver_checkpoint if state.last_commit else None
+    written = set(checkpoint.written) if checkpoint else set()
     referenced: dict[str, str] = {}
     if state.last_commit and state.last_commit.driver_checkpoint:
         for name, staged in state.last_commit.driver_checkpoint.staged.items():
@@ -55,13 +84,25 @@ def pipeline_status(config: PipelineConfig, spark: "SparkSession") -> PipelineSt
                 referenced[staged.uri] = name
     status = PipelineStatus(config.pipeline_id, state.last_epoch, state.last_seq, len(state.sequences))
     status.orphaned = [d for d in datasets if d not in referenced]
+    tables = _Tables(spark)
     for binding in config.bindings:
         table = TableRef(binding.table)
-        ts = table_state(spark, table, config.pipeline_id)
+        ts = tables.state(table, config.pipeline_id)
         pending = [uri for uri, name in referenced.items() if name == binding.name and uri in datasets]
         recorded = ts.txn_version or 0
+        failure = failures.get((state.last_epoch, binding.name))
         if recorded == state.last_epoch:
             agrees, note = True, "up to date"
+        elif not ts.exists and binding.name in written:
+            agrees, note = False, (
+                f"TABLE GONE: the pipeline applied rows to {table} (the log is at epoch {state.last_epoch}) but the "
+                "table does not exist: it was deleted or moved. Restore it at that location and run again "
+                "(README: 'A deleted table'); runs stop until then"
+            )
+        elif failure is not None and recorded == state.last_epoch - 1:
+            # The recorded message says what Delta refused and both ways out.
+            agrees, note = False, f"STUCK: {failure}"
+            status.stuck.append(f"epoch {state.last_epoch}, binding {binding.name}: {failure}")
         elif recorded == state.last_epoch - 1:
             # Committed but not applied yet (a run stopped between the log commit and the apply).
             agrees, note = True, f"epoch {state.last_epoch} is committed, not yet applied: the next run applies it"

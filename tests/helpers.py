@@ -31,9 +31,10 @@ def write_config(folder: Path, bindings: list[dict[str, Any]], **settings: Any) 
 
 
 def binding(name: str, source: Path, table: Path, key: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    source_options = {k: extra.pop(k) for k in ("max_files", "max_bytes", "schema") if k in extra}
     return {
         "name": name,
-        "source": {"format": extra.pop("format", "documents"), "path": str(source)},
+        "source": {"format": extra.pop("format", "documents"), "path": str(source), **source_options},
         "table": str(table),
         "key": key or ["id"],
         **extra,

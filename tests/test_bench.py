@@ -53,6 +53,27 @@ def test_epoch_phases_split_each_epoch_at_the_runtime_events() -> None:
     ]
 
 
+def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> None:
+    from materializer.bench import TimingCollector
+
+    events = [
+        (0.0, "opened", {}),
+        (1.0, "read", {"epoch": 1, "documents": 5}),
+        (3.0, "committed", {"epoch": 1}),
+        (7.0, "acknowledged", {"epoch": 1, "first": False}),
+        (7.5, "read", {"epoch": 2, "documents": 1}),
+        (8.0, "committed", {"epoch": 2}),
+        (9.0, "acknowledged", {"epoch": 2, "first": False}),
+    ]
+    cpu = [(1.0, 10.0), (1.1, 11.0), (1.2, 15.0), (1.5, 20.0), (1.5, 20.0), (1.6, 21.0), (1.75, 24.0)]
+    phases = epoch_phases(events, cpu)
+    assert [(p["python_cpu"], p["jvm_cpu"]) for p in phases] == [(0.5, 10.0), (0.25, 4.0)]
+    collector = TimingCollector()
+    collector.event("opened")
+    python, jvm = collector.cpu[0]
+    assert python > 0 and jvm >= 0  # measured from the process, not made up
+
+
 def test_epoch_phases_of_a_pipelined_run_overlap_the_read_with_the_apply() -> None:
     # Epoch 2 is read (3.0 -> 4.0) while epoch 1 is applied (3.0 -> 7.0); its total is what it
     # adds to the run: from epoch 1's Acknowledged to its own.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.helpers import binding, documents_oracle, run_cli, table_rows, write_config, write_jsonl
+from tests.helpers import REPO, binding, documents_oracle, table_rows, write_config, write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -135,6 +136,20 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         running.stop()
 
 
+# Installed in the driver's Python only (sitecustomize on its PYTHONPATH): any open() of a file in
+# the source folder fails, so a driver that read the documents itself would stop the run.
+FORBID_SOURCE_READS = """
+import os, sys
+_folder = os.environ["MATERIALIZER_TEST_FORBIDDEN"]
+def _hook(event, args):
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if path.startswith(_folder + os.sep) and not os.path.isdir(path):
+            raise PermissionError(f"the driver opened a data file: {path}")
+sys.addaudithook(_hook)
+"""
+
+
 def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster: Cluster, tmp_path: Path) -> None:
     source = tmp_path / "source"
     write_jsonl(source / "orders-001.jsonl", [{"id": i, "status": "new", "total": i * 10} for i in range(1, 9)])
@@ -145,8 +160,18 @@ def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster:
         {"id": 1, "status": "shipped", "total": 11},
     ])
     table = tmp_path / "tables" / "orders"
+    # The driver's Python may not open a data file (an audit hook makes such a read fail), and its
+    # JVM is traced from outside (strace, where the machine has it): the executors read them.
+    hook = tmp_path / "driver-hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FORBID_SOURCE_READS)
+    trace = tmp_path / "driver.strace"
+    prefix = (
+        ["strace", "-f", "--seccomp-bpf", "-e", "trace=open,openat,openat2", "-o", str(trace)]
+        if shutil.which("strace") else []
+    )
     config = write_config(
-        tmp_path, [binding("orders", source, table)], pipeline_id="orders-cluster", max_documents=6,
+        tmp_path, [binding("orders", source, table, max_files=1)], pipeline_id="orders-cluster",
         spark={
             "master": "local[2]",  # overridden by --master below
             "conf": {
@@ -157,13 +182,29 @@ def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster:
             },
         },
     )
-    result = run_cli(
-        "run", "--config", str(config), "--master", cluster.master_url, "--json",
-        env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable},
+    env = {
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "MATERIALIZER_TEST_FORBIDDEN": str(source.resolve()),
+        "PYTHONPATH": os.pathsep.join([str(hook), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "cli.main", "run", "--config", str(config), "--master", cluster.master_url, "--json"],
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["last_epoch"] == 2  # 12 documents, 6 per epoch
+    assert summary["last_epoch"] == 2  # two files, one per epoch (max_files: 1)
+    if prefix:
+        # Every open by the driver's processes (its Python and the JVM it started): none of a
+        # data file. The executors, children of the workers, are not traced.
+        opened = [
+            line for line in trace.read_text(errors="replace").splitlines()
+            if str(source.resolve()) + "/" in line and "O_DIRECTORY" not in line  # listing the folder is fine
+        ]
+        assert opened == [], opened[:5]
+        seen = trace.read_text(errors="replace")
+        assert "sitecustomize" in seen and "delta-spark" in seen  # it saw the driver's Python and JVM open files
 
     # The work ran on the cluster: the application registered with the master and got executors
     # on both workers (standalone apps stay listed as completed after the driver stops).

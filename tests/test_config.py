@@ -95,3 +95,66 @@ def test_cli_reports_config_error_without_traceback_and_before_spark(tmp_path: P
     assert "bindings[0].key" in result.stderr
     assert "Traceback" not in result.stderr
     assert "SparkContext" not in result.stderr and "ivy" not in result.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # one place, spelled five ways: the second MERGE would carry the same txn id and be skipped
+        ("tables/t", "./tables/t"),
+        ("tables/t", "tables/t/"),
+        ("tables/t", "{cwd}/tables/t"),
+        ("tables/t", "tables/x/../t"),
+        ("s3a://bucket/t", "s3://bucket//t/"),
+        ("file:{cwd}/tables/t", "tables/t"),
+        # catalog names are compared case-insensitively here, resolved at Open otherwise
+        ("db.Orders", "db.orders"),
+    ],
+)
+def test_two_spellings_of_one_table_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str) -> None:
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    cwd = os.getcwd()
+    data = dict(GOOD, bindings=[
+        dict(GOOD["bindings"][0], table=first.format(cwd=cwd)),
+        dict(GOOD["bindings"][0], name="other", table=second.format(cwd=cwd)),
+    ])
+    with pytest.raises(ConfigError, match="share the table"):
+        load_config(write(tmp_path, data))
+
+
+def test_distinct_tables_with_similar_spellings_pass(tmp_path: Path) -> None:
+    data = dict(GOOD, bindings=[
+        dict(GOOD["bindings"][0], table="tables/t"),
+        dict(GOOD["bindings"][0], name="other", table="tables/t2"),
+        dict(GOOD["bindings"][0], name="third", table="s3a://bucket/t"),
+    ])
+    assert len(load_config(write(tmp_path, data)).bindings) == 3
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(yaml.safe_dump(GOOD).encode() + "# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "not UTF-8" in str(info.value)
+
+
+def test_previous_names_and_adopt_table(tmp_path: Path) -> None:
+    data = dict(GOOD, bindings=[dict(GOOD["bindings"][0], name="orders_v2", previous_names=["orders"], adopt_table=True)])
+    binding = load_config(write(tmp_path, data)).bindings[0]
+    assert binding.previous_names == ["orders"] and binding.adopt_table
+    # an old name may not be another binding's current name
+    data["bindings"].append(dict(GOOD["bindings"][0], name="orders", table="tables/other"))
+    with pytest.raises(ConfigError, match="share the name 'orders'"):
+        load_config(write(tmp_path, data))
+    data = dict(GOOD, bindings=[dict(GOOD["bindings"][0], previous_names=["has-dash"])])
+    with pytest.raises(ConfigError, match="previous_names"):
+        load_config(write(tmp_path, data))
+
+
+def test_each_pipeline_stages_in_its_own_area(tmp_path: Path) -> None:
+    one = load_config(write(tmp_path, dict(GOOD, staging="shared/")))
+    other = load_config(write(tmp_path, dict(GOOD, staging="shared", pipeline_id="other")))
+    assert one.staging_root == "shared/orders-to-delta" and other.staging_root == "shared/other"

@@ -34,14 +34,14 @@ SCHEDULE = [
 
 
 def test_killed_at_every_failure_point_and_restarted_ends_exactly_once(spark: Any, tmp_path: Path) -> None:
-    docs = generate(tmp_path / "src", seed=11, documents=90, keys=20, files=3)
+    # One file of EPOCH documents per epoch: the documents source takes whole files.
+    docs = generate(tmp_path / "src", seed=11, documents=90, keys=20, files=90 // EPOCH)
     config = write_config(
         tmp_path,
         [
-            binding("items", tmp_path / "src", tmp_path / "tables" / "items"),
-            binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates"),
+            binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1),
+            binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates", max_files=1),
         ],
-        max_documents=EPOCH,
     )
     for point, epoch in SCHEDULE:
         result = run_cli("run", "--config", str(config), env={"MATERIALIZER_CRASH_AT": f"{point}:{epoch}"})

@@ -56,8 +56,9 @@ def pipeline(tmp_path: Path, *, max_documents: int = 6, loads: bool = False, **c
     return write_config(
         prod,
         [
-            binding("items", source, prod / "tables" / "items", **extra),
-            binding("item_events", source, prod / "tables" / "item_events", mode="delta_updates"),
+            # One file per epoch (the documents source takes whole files).
+            binding("items", source, prod / "tables" / "items", max_files=1, **extra),
+            binding("item_events", source, prod / "tables" / "item_events", mode="delta_updates", max_files=1),
         ],
         pipeline_id="drill-test",
         max_documents=max_documents,
@@ -82,22 +83,23 @@ def test_oracle_standard_and_delta_updates(tmp_path: Path) -> None:
             "staging": "s",
             "transaction": {"max_documents": 2},
             "bindings": [
-                binding("std", src, tmp_path / "t1"),
-                binding("upd", src, tmp_path / "t2", mode="delta_updates"),
+                binding("std", src, tmp_path / "t1", max_files=1),
+                binding("upd", src, tmp_path / "t2", mode="delta_updates", max_files=1),
             ],
         },
         "test",
     )
     std = oracle.expected(cfg.binding("std"), 2)
-    assert std.verified and std.epochs == 3 and std.documents == 5
+    assert std.verified and std.epochs == 2 and std.documents == 5  # one file per epoch
     assert {k: json.loads(next(iter(c))) for k, c in std.rows.items()} == {(1,): {"id": 1, "v": 3}, (3,): {"id": 3, "v": 4}}
     upd = oracle.expected(cfg.binding("upd"), 2)
-    # epochs: [1:v1, 2:v2] [1:v3, 2:delete] [3:v4]
-    assert sum(sum(c.values()) for c in upd.rows.values()) == 5
+    # epochs (files): [1:v1, 2:v2, 1:v3] [2:delete, 3:v4]
+    assert sum(sum(c.values()) for c in upd.rows.values()) == 4
     assert upd.rows[(2,)] == Counter({'{"_op":"u","id":2,"v":2}': 1, '{"_op":"d","id":2}': 1})
-    # Reductions: the seed's example, -1, 3, 2 then 6, -7, -1 (max_documents 3).
-    write_jsonl(tmp_path / "seed" / "a.jsonl", [{"id": 1, "v": v} for v in (-1, 3, 2, 6, -7, -1)])
-    seed = {"name": "s", "source": {"format": "documents", "path": str(tmp_path / "seed")}, "table": "t", "key": ["id"]}
+    # Reductions: the seed's example, -1, 3, 2 then 6, -7, -1 (a file each).
+    write_jsonl(tmp_path / "seed" / "a.jsonl", [{"id": 1, "v": v} for v in (-1, 3, 2)])
+    write_jsonl(tmp_path / "seed" / "b.jsonl", [{"id": 1, "v": v} for v in (6, -7, -1)])
+    seed = {"name": "s", "source": {"format": "documents", "path": str(tmp_path / "seed"), "max_files": 1}, "table": "t", "key": ["id"]}
     std_sum = oracle.expected(parse_config({**_base(), "bindings": [{**seed, "reductions": {"v": "sum"}}]}, "t").bindings[0], 3)
     assert std_sum.rows == {(1,): Counter({'{"id":1,"v":2}': 1})}
     upd_sum = oracle.expected(
@@ -106,7 +108,7 @@ def test_oracle_standard_and_delta_updates(tmp_path: Path) -> None:
     assert upd_sum.rows == {(1,): Counter({'{"_op":"u","id":1,"v":4}': 1, '{"_op":"u","id":1,"v":-2}': 1})}
     # CDC v2: the shipped example's state at its frontier (time 5; the update at 5 waits).
     example = Path(__file__).resolve().parent.parent / "conf" / "examples" / "cdcv2"
-    cdc = {**seed, "source": {"format": "cdcv2", "path": str(example)}}
+    cdc = {**seed, "source": {"format": "cdcv2", "path": str(example)}}  # max_files is documents-only
     cdc_exp = oracle.expected(parse_config({**_base(), "bindings": [cdc]}, "t").bindings[0], 3)
     assert cdc_exp.verified and cdc_exp.rows
     # A mode without an oracle is "not verified", never a pass.
@@ -140,6 +142,30 @@ def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None
     assert plans[0] == plans[1]
     assert [p.point for p in plans[0] if p.kind == "point"] == [p for p in crash.POINTS if p != "mid-load"]
     assert sum(p.kind == "random" for p in plans[0]) == 5
+
+
+def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
+    """Issue #11 item 12: a kill planned after the second commit of a pipeline that only ever
+    commits one epoch is re-aimed at the first, with a delay inside the time the run lasted."""
+    from materializer.drill import Plan, _Phase
+
+    drill = Drill(DrillOptions(config=pipeline(tmp_path), workdir=tmp_path / "w", seed=5))
+    phase = _Phase(bindings=2)
+    phase.saw("opened", 10.0)
+    phase.saw("read", 11.0)
+    phase.saw("committed", 14.0)
+    phase.ended = 16.0
+    fitted = drill.fit(Plan("random", trigger="committed", occurrence=2, delay=0.7), phase)
+    assert fitted == Plan("random", trigger="committed", occurrence=1, delay=0.7)  # a fraction of the apply
+    fitted = drill.fit(Plan("random", trigger="read", occurrence=2, delay=9.0), phase)
+    assert fitted is not None and fitted.occurrence == 1 and 0 <= fitted.delay < 0.8 * (16.0 - 11.0)
+    kept = drill.fit(Plan("random", trigger="read", occurrence=1, delay=1.0), phase)
+    assert kept == Plan("random", trigger="read", occurrence=1, delay=1.0)
+    # An event a fresh run never prints: nothing to aim at (reported as unreachable, not a failure).
+    empty = _Phase(bindings=2)
+    empty.saw("opened", 1.0)
+    empty.ended = 2.0
+    assert drill.fit(Plan("random", trigger="committed", occurrence=1, delay=0.5), empty) is None
 
 
 def test_workdir_must_be_empty(tmp_path: Path) -> None:
@@ -220,6 +246,22 @@ def test_damage_is_never_skipped_and_recover_repairs_it(tmp_path: Path) -> None:
     assert [r["exit_code"] for r in failed] == [5, 6]
     assert [r["outcome"] for r in data["runs"] if r["kind"] == "recover"] == ["finished", "finished"]
     _assert_clean(data)
+
+
+@pytest.mark.drill
+def test_drill_on_a_one_epoch_pipeline_passes(tmp_path: Path) -> None:
+    """Issue #11 item 12: every document in one epoch. Random kills planned after a second commit
+    or read used to end "never reached, even on a fresh pipeline" and FAIL with 0 rows wrong."""
+    cfg_path = pipeline(tmp_path, files=1, per_file=10, max_documents=1000)
+    # seed 6 plans kills after "committed #2" and "read #2", which a one-epoch pipeline never has
+    plans = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "plan", kills=4, seed=6, points=[])).plans()
+    assert any(p.occurrence == 2 for p in plans), plans
+    result, data = _drill(tmp_path, cfg_path, "--kills", "4", "--seed", "6", "--points", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["verdict"] == "pass" and data["problems"] == []
+    _assert_clean(data)
+    assert data["kills_total"] + len(data["missed"]) + len(data["unreachable"]) == 4
+    assert data["kills_total"] >= 2
 
 
 @pytest.mark.drill

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.spark
 
 def make(tmp_path: Path, *, seed: int, documents: int, keys: int, files: int, epoch: int, extra: list[dict[str, Any]] | None = None):  # type: ignore[no-untyped-def]
     docs = generate(tmp_path / "src", seed=seed, documents=documents, keys=keys, files=files)
-    bindings = [binding("items", tmp_path / "src", tmp_path / "tables" / "items")] + (extra or [])
+    # One file per epoch: the documents source takes whole files (``epoch`` documents per file).
+    assert -(-documents // files) == epoch
+    bindings = [binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1)] + (extra or [])
     config = load_config(write_config(tmp_path, bindings, max_documents=epoch))
     return docs, config
 
@@ -33,14 +35,14 @@ def epochs_in_history(spark: Any, table: Path) -> list[int]:
 def test_tables_equal_the_oracle_with_one_commit_per_epoch(spark: Any, tmp_path: Path, seed: int) -> None:
     events = ListCollector()
     docs, config = make(
-        tmp_path, seed=seed, documents=120, keys=25, files=4, epoch=45,
-        extra=[binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates")],
+        tmp_path, seed=seed, documents=120, keys=25, files=3, epoch=40,
+        extra=[binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates", max_files=1)],
     )
     summary = Runtime(config, spark, events).run()
-    assert summary.last_epoch == 3  # 120 documents, 45 per epoch
+    assert summary.last_epoch == 3  # 120 documents in 3 files, one file per epoch
     assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
     appended = spark.read.format("delta").load(str(tmp_path / "tables" / "items_log")).collect()
-    assert sorted(((r["id"], r["seq"], r["_op"]) for r in appended), key=repr) == delta_updates_rows(docs, 45)
+    assert sorted(((r["id"], r["seq"], r["_op"]) for r in appended), key=repr) == delta_updates_rows(docs, 40)
     for table in ("items", "items_log"):
         assert epochs_in_history(spark, tmp_path / "tables" / table) == [1, 2, 3]
         assert table_state(spark, TableRef(str(tmp_path / "tables" / table)), config.pipeline_id).txn_version == 3
@@ -170,8 +172,8 @@ def test_a_declared_schema_types_the_table_and_a_value_spark_refuses_names_its_l
     assert rows[1]["price"] == decimal.Decimal("12.50") and rows[1]["at"] == datetime.datetime(2024, 5, 1, 10, 0)
     assert rows[2]["price"] == decimal.Decimal("3.00") and rows[2]["at"] is None
 
-    # The Python pass cannot judge a timestamp's format; Spark's FAILFAST does, and the error
-    # still names the file and line, before anything of the transaction is committed.
+    # A timestamp's format is judged per document in Spark; the error names the file and line,
+    # before anything of the transaction is committed.
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "price": 1, "at": "2024-05-02 08:00:00"}, {"id": 4, "at": "yesterday"}])
     with pytest.raises(SourceError) as info:
         Runtime(config, spark).run()
@@ -208,7 +210,7 @@ def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: An
         if message.epoch == 1:
             # Epoch 1's apply cannot finish until epoch 2 has been read: a serial loop would hang here.
             overlapped.append(second_prestaged.wait(timeout=120))
-            assert any(f.name.startswith("items-") for f in (tmp_path / "staging" / "staged" / "epoch-000000000002").iterdir())
+            assert any(f.name.startswith("items-") for f in (tmp_path / "staging" / config.pipeline_id / "staged" / "epoch-000000000002").iterdir())
         return acknowledge(message)
 
     runtime.sources["items"].next_batch = next_batch  # type: ignore[method-assign]
@@ -224,7 +226,7 @@ def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: An
 def test_a_bad_line_in_epoch_n_plus_1_stops_the_run_after_epoch_n_is_applied(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(10)])
     (tmp_path / "src" / "b.jsonl").write_text('{"id": 20, "v": 1}\n{"id": 21, "v": \n')
-    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")], max_documents=10))
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1)]))
     with pytest.raises(SourceError, match="b.jsonl:2: not valid JSON"):
         Runtime(config, spark).run()
     # Epoch 1 (a.jsonl) was committed before the bad line was met, and its apply finished.
@@ -238,7 +240,7 @@ def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_bec
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 1, "a": 10, "b": "new", "s": {"y": "deep", "x": 10}}, {"id": 3, "a": 3}])
     # nothing new: the documents lack columns and sub-fields, which whole-row replacement makes NULL
     write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 2, "s": {"y": "only-y"}}, {"id": 3, "a": 4}])
-    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")], max_documents=2))
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1)]))
     assert Runtime(config, spark).run().last_epoch == 3
     table = spark.read.format("delta").load(str(tmp_path / "tables" / "items"))
     assert [f.name for f in table.schema.fields] == ["a", "id", "s", "b"]  # inferred: sorted; then new ones
@@ -249,3 +251,30 @@ def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_bec
         2: {"a": None, "id": 2, "s": {"x": None, "y": "only-y"}, "b": None},
         3: {"a": 4, "id": 3, "s": None, "b": None},
     }
+
+
+def test_an_epoch_staged_by_the_previous_layout_is_applied_after_an_upgrade(spark: Any, tmp_path: Path) -> None:
+    """Staged files used to sit at <staging>/staged/…; now at <staging>/<pipeline_id>/staged/….
+    An entry committed by the old version and not yet applied must still be applied (not read
+    as a missing staged file), and its files removed after."""
+    from materializer.driver import DeltaDriver
+    from materializer.protocol import DriverCheckpoint
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    (tmp_path / "src").mkdir()
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")]))
+    assert config.staging_root != config.staging
+    # The previous version's state, built by hand: staged under <staging>, committed, unapplied.
+    legacy = open_store(config.staging)
+    rows = spark.createDataFrame([(1, "a", "u"), (2, "b", "u")], "id long, name string, _op string")
+    staged = DeltaDriver(spark, config, legacy)._stage("items", 1, rows)
+    assert staged is not None and legacy.list(staged.uri)
+    log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+    log.open()
+    log.commit(1, {}, DriverCheckpoint(epoch=1, staged={"items": staged}))
+
+    summary = Runtime(config, spark).run()
+    assert summary.reapplied is not None and [r.status for r in summary.reapplied.results] == ["applied"]
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == {(1,): {"id": 1, "name": "a"}, (2,): {"id": 2, "name": "b"}}
+    assert legacy.list(staged.uri) == []

@@ -129,3 +129,50 @@ def test_temp_files_of_a_crashed_publish_are_invisible(tmp_path: Path) -> None:
         writer.commit(1, {}, cp(1), before_publish=crash)
     assert log(tmp_path).read().last_epoch == 0
     assert writer.sequences() == [1]
+
+
+def test_open_removes_temp_files_a_killed_commit_left(tmp_path: Path) -> None:
+    writer = log(tmp_path)
+    writer.open()
+    (tmp_path / "log" / "entries" / ".tmp-killed-mid-commit").write_bytes(b"a durable but unpublished entry")
+    log(tmp_path).open()
+    assert sorted(p.name for p in (tmp_path / "log" / "entries").iterdir()) == [
+        "00000000000000000001.json", "00000000000000000002.json"
+    ]
+
+
+def test_a_writer_whose_temp_file_a_newer_open_removed_is_fenced_not_crashed(tmp_path: Path) -> None:
+    """The newer Open cleans the older writer's temp file in its publish window: its link then
+    fails with FileNotFoundError, which must read as "fenced", never as a storage failure."""
+    old = log(tmp_path)
+    old.open()
+
+    def newer_open_meanwhile() -> None:
+        log(tmp_path).open()  # publishes its fence and removes every temp file, ours included
+
+    with pytest.raises(FencedError, match="log sequence 2 is taken"):
+        old.commit(1, {"b": {}}, cp(1), before_publish=newer_open_meanwhile)
+    assert [e.kind for e in log(tmp_path).entries()] == ["fence", "fence"]
+    assert not [p for p in (tmp_path / "log" / "entries").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_failures_are_recorded_read_and_cleared(tmp_path: Path) -> None:
+    writer = log(tmp_path)
+    writer.open()
+    writer.record_failure(3, "items", "epoch 3, binding items: Delta refused …")
+    assert writer.failures() == {(3, "items"): "epoch 3, binding items: Delta refused …"}
+    writer.clear_failures(2)
+    assert writer.failures() != {}
+    writer.clear_failures(3)
+    assert writer.failures() == {}
+
+
+def test_local_publish_of_a_removed_temp_file_reads_as_not_published(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path / "store"))
+
+    def cleaned_meanwhile() -> None:
+        for temp in (tmp_path / "store" / "entries").glob(".tmp-*"):
+            temp.unlink()
+
+    assert store.put_if_absent("entries/x.json", b"data", before_publish=cleaned_meanwhile) is False
+    assert not (tmp_path / "store" / "entries" / "x.json").exists()

@@ -225,11 +225,15 @@ def documents(profile: Any) -> Any:
 
 def spool(spark: Any, folder: Path, docs: list[dict[str, Any]]) -> Any:
     """The documents DataFrame the documents source makes (fields, ``_op``, ``_seq``)."""
-    from materializer.sources.documents import _dataframe
+    from materializer.sources.documents import DocumentsSource
+    from materializer.storage.local import LocalStore
 
-    path = folder / f"spool-{len(list(folder.iterdir()))}.jsonl"
-    path.write_text("".join('{"_seq":%d,"d":%s}\n' % (i + 1, json.dumps(d)) for i, d in enumerate(docs)))
-    return _dataframe(spark, str(path))
+    source = folder / f"src-{len(list(folder.iterdir()))}"
+    write_jsonl(source / "docs.jsonl", docs)
+    config = BindingConfig.model_validate({"name": "c", "source": {"format": "documents", "path": str(source)}, "table": "t", "key": ["id"]})
+    batch = DocumentsSource(config, LocalStore(str(folder / "staging"))).next_batch(spark, None, len(docs), "x")
+    assert batch is not None
+    return batch.documents
 
 
 # Spark-backed examples are slow: few of them, no deadline, and no shrinking (a failing example
@@ -295,11 +299,12 @@ def test_several_epochs_in_both_modes_equal_the_oracle(spark: Any, docs: list[di
     docs = [seed_document()] + docs
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        write_jsonl(folder / "src" / "part-0.jsonl", docs[: len(docs) // 2])
-        write_jsonl(folder / "src" / "part-1.jsonl", docs[len(docs) // 2 :])
+        # One file per epoch: the documents source takes whole files.
+        for start in range(0, len(docs), epoch_size):
+            write_jsonl(folder / "src" / f"part-{start:04d}.jsonl", docs[start : start + epoch_size])
         bindings = [
-            binding("std", folder / "src", folder / "std", reductions=REDUCTIONS),
-            binding("deltas", folder / "src", folder / "deltas", mode="delta_updates", reductions=REDUCTIONS),
+            binding("std", folder / "src", folder / "std", reductions=REDUCTIONS, max_files=1),
+            binding("deltas", folder / "src", folder / "deltas", mode="delta_updates", reductions=REDUCTIONS, max_files=1),
         ]
         config = load_config(write_config(folder, bindings, max_documents=epoch_size))
         events = ListCollector()
@@ -347,14 +352,14 @@ def test_sums_are_exact_after_a_kill_at_every_failure_point(spark: Any, tmp_path
 
     assert {entry.split(":")[0] for entry in CRASH_CHAIN} == set(crash.POINTS)
     docs = counter_documents()
-    write_jsonl(tmp_path / "src" / "counters-0.jsonl", docs[:12])
-    write_jsonl(tmp_path / "src" / "counters-1.jsonl", docs[12:])
+    for start in range(0, 30, 3):  # 10 epochs: one file of 3 documents each
+        write_jsonl(tmp_path / "src" / f"counters-{start:02d}.jsonl", docs[start : start + 3])
     rules = {"n": "sum", "hits": "sum"}
     bindings = [
-        binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules),
-        binding("counter_deltas", tmp_path / "src", tmp_path / "counter_deltas", key=["counter"], mode="delta_updates", reductions=rules),
+        binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules, max_files=1),
+        binding("counter_deltas", tmp_path / "src", tmp_path / "counter_deltas", key=["counter"], mode="delta_updates", reductions=rules, max_files=1),
     ]
-    config = write_config(tmp_path, bindings, max_documents=3)  # 10 epochs
+    config = write_config(tmp_path, bindings)
     for point in CRASH_CHAIN:
         result = run_cli("run", "--config", str(config), env={crash.ENV: point})
         assert result.returncode == -9, f"{point} did not fire:\n{result.stderr[-3000:]}"
@@ -374,10 +379,11 @@ def test_a_kill_inside_the_load_counts_nothing_twice(spark: Any, tmp_path: Path)
     from materializer.delta import TableRef, history
 
     docs = counter_documents()[:9]
-    write_jsonl(tmp_path / "src" / "counters.jsonl", docs)
+    for start in range(0, 9, 3):  # 3 epochs: one file of 3 documents each
+        write_jsonl(tmp_path / "src" / f"counters-{start}.jsonl", docs[start : start + 3])
     rules = {"n": "sum", "hits": "sum"}
     config = write_config(
-        tmp_path, [binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules)], max_documents=3
+        tmp_path, [binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules, max_files=1)]
     )
     killed = run_cli("run", "--config", str(config), env={crash.ENV: "mid-load:2"})
     assert killed.returncode == -9, killed.stderr[-3000:]

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
 def _documents(folder: Path) -> None:
-    # 14 documents, 5 per epoch: 3 epochs; updates and deletes cross epoch boundaries.
+    # 14 documents in 3 files, one file per epoch; updates and deletes cross epoch boundaries.
     write_jsonl(folder / "orders-001.jsonl", [
         {"id": 1, "status": "new", "total": 10},
         {"id": 2, "status": "new", "total": 20},
@@ -39,6 +39,8 @@ def _documents(folder: Path) -> None:
         {"id": 2, "status": "new again", "total": 21},
         {"id": 6, "status": "new", "total": 60},
         {"id": 4, "_meta": {"op": "d"}},
+    ])
+    write_jsonl(folder / "orders-003.jsonl", [
         {"id": 1, "status": "shipped", "total": 12},
         {"id": 7, "status": "new", "total": 70},
         {"id": 5, "status": "paid", "total": 51},
@@ -80,11 +82,10 @@ def test_s3_pipeline_killed_mid_apply_finishes_exactly_once(
     config = write_config(
         tmp_path,
         # the source as s3://, the table as s3a://: both schemes are accepted
-        [binding("orders", f"s3://{bucket}/input/orders", f"s3a://{bucket}/tables/orders")],  # type: ignore[arg-type]
+        [binding("orders", f"s3://{bucket}/input/orders", f"s3a://{bucket}/tables/orders", max_files=1)],  # type: ignore[arg-type]
         pipeline_id="orders-s3",
         recovery_log=f"s3://{bucket}/pipelines/orders-s3/log",
         staging=f"s3://{bucket}/pipelines/orders-s3/staging",
-        max_documents=5,
     )
 
     crashed = run_cli("run", "--config", str(config), env={**s3_server.env, "MATERIALIZER_CRASH_AT": "mid-apply:2"})
@@ -92,7 +93,7 @@ def test_s3_pipeline_killed_mid_apply_finishes_exactly_once(
     log = RecoveryLog(open_store(f"s3://{bucket}/pipelines/orders-s3/log"), "orders-s3")
     # killed inside epoch 2's MERGE: epoch 2 is committed to the log, the table records epoch 1
     assert log.read().last_epoch == 2
-    staging = open_store(f"s3://{bucket}/pipelines/orders-s3/staging")
+    staging = open_store(f"s3://{bucket}/pipelines/orders-s3/staging/orders-s3")  # the pipeline's own area
     assert staging.list("staged"), "epoch 2's staged file must survive the crash"
     crashed_table = _download(f"s3://{bucket}/tables/orders", tmp_path / "orders-after-crash")
     assert _txn_versions(crashed_table, "orders-s3") == [1]

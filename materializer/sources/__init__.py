@@ -2,7 +2,10 @@
 
 A source turns its runtime checkpoint into the next batch of documents, as a DataFrame with the
 document's fields plus two columns the runtime relies on: ``_op`` ('u' upsert, 'd' delete) and
-``_seq`` (order within the batch; later wins). The checkpoint after the batch is returned with it
+``_seq`` (order within the batch; later wins). ``_seq`` is any orderable Spark type, unique per
+document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents,
+``struct(topic, partition, offset)`` for kafka; reductions
+compare it as it is and never cast it. The checkpoint after the batch is returned with it
 and committed with the epoch, never before.
 """
 
@@ -36,6 +39,9 @@ class SourceBatch:
     explain: "Callable[[BaseException], Exception | None] | None" = None
     """Turns a Spark failure while the batch's rows are computed into an error naming the source
     file and line (None: not about this batch's input)."""
+    lag: dict[str, int] | None = None
+    """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
+    ``{"records": n}`` (None: unknown)."""
 
 
 class Source(ABC):
@@ -46,9 +52,14 @@ class Source(ABC):
 
     @abstractmethod
     def next_batch(
-        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
     ) -> SourceBatch | None:
-        """The next batch after ``checkpoint`` (None: nothing new). ``spool_path`` is free for it."""
+        """The next batch after ``checkpoint`` (None: nothing new). ``spool_path`` is free for it.
+
+        ``until`` (recover): the checkpoint a committed epoch ended at, so a re-read takes exactly
+        that epoch's extent even if more input has arrived since; sources whose batches are fixed
+        by ``checkpoint`` alone may ignore it."""
 
 
 def open_source(binding: BindingConfig, spool: Store) -> Source:
@@ -60,4 +71,8 @@ def open_source(binding: BindingConfig, spool: Store) -> Source:
         from materializer.sources.cdcv2 import CdcV2Source
 
         return CdcV2Source(binding, spool)
+    if binding.source.format == "kafka":
+        from materializer.sources.kafka import KafkaSource
+
+        return KafkaSource(binding, spool)
     raise ValueError(binding.source.format)

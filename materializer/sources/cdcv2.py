@@ -556,7 +556,8 @@ class CdcV2Source(Source):
         return self._scan
 
     def next_batch(
-        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
     ) -> SourceBatch | None:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F

@@ -1,54 +1,382 @@
-"""The ``documents`` source: a folder of JSON Lines files, read in file-name order.
+"""The ``documents`` source: a folder of JSON Lines files, read by Spark where they are.
 
 Each file is immutable once it appears. A document whose ``_meta.op`` is ``"d"`` deletes its key.
-The runtime checkpoint is the file reached and the line (and byte offset) within it.
 
-Reading a batch has two steps. A streaming pass in Python finds the batch's extent and checks
-every line (valid JSON, an object, key fields present): it holds one line at a time, and a bad
-line stops the run naming the file and line before anything of the batch is staged. It copies the
-batch's lines, numbered, into one spool file that Spark then parses; rows live in DataFrames from
-there on.
+The driver only lists the folder and decides the epoch's extent: the next whole files in file-name
+order, at most ``source.max_files`` of them and ``source.max_bytes`` in all (always at least one).
+The runtime checkpoint names the last file taken, how many files sorted before it then, and the
+sizes of the files taken; a file that later appears before it, or a taken file whose size changes
+(lines appended), stops the run instead of being silently skipped. Files in sub-folders
+(``_temporary/``, ``.inflight/``) and names starting with ``.`` or ``_`` are not documents. A
+checkpoint of the previous version (``{"file", "line", "offset", "before"}``, a position inside a
+file) resumes by finishing that file from its line, then goes on by whole files.
 
-A binding may declare its documents' schema (``source.schema``, Spark DDL). Then the same pass
-also checks each field's JSON kind against it (a number for ``DOUBLE``, an object for a
-``STRUCT``, no undeclared field at any depth), and Spark parses the spool with that schema, in
-``FAILFAST`` mode, instead of inferring the types in a pass of its own. Without one, Spark infers
-each epoch's types from its documents.
+Everything else runs in Spark (DESIGN invariant 8): ``spark.read.text`` of the epoch's files,
+``try_parse_json`` of each line to a VARIANT, and one aggregate that checks every document (valid
+JSON within Spark's parser limits, an object, key fields present and scalar, no reserved field, a
+well-formed ``_meta``, no number too long to hold exactly) and derives the epoch's schema with
+``schema_of_variant_agg``. Only that one row reaches the driver. Without ``source.schema`` the
+epoch's types come from it (integers BIGINT, fractions DOUBLE, objects structs: what
+``spark.read.json`` inferred, so tables made by earlier versions stay compatible; a field NULL in
+the whole epoch carries no type and is left out, so it lands as NULL); with one, the schema is
+compared to the declaration (no undeclared field at any depth, every value of the declared kind).
+A field that holds two kinds of JSON value in one epoch, names Delta refuses, or two names that
+differ only in case stop the run too. The rows are then the VARIANT cast to that schema.
 
-The check parses with orjson (about 4x faster than the standard library on small documents, which
-matters at a million documents per epoch); a line orjson refuses is parsed again with ``json``,
-so what is accepted stays the standard library's JSON (integers beyond 64 bits, say) and the
-error names the same column.
+Order: ``_seq`` is ``struct(file, block, row)``: the file's name, the start of the split Spark read
+the line in, and ``monotonically_increasing_id`` (increasing within a partition, and a split is
+read by one partition in file order). So last write wins by (file, position in file) exactly,
+however Spark splits large files or packs small ones.
+
+On a failure the error names the file and line of the first bad documents: only then is the one
+file concerned numbered line by line (in Spark), and the offending line looked at by the driver.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import unquote
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from materializer.errors import SourceError
+from materializer.errors import ConfigError, SourceError
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
-from materializer.storage import open_store
+from materializer.storage import FileInfo, Store, open_store
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
-_MALFORMED = re.compile(r"Malformed records are detected in record parsing: \[(\d+),")
-SEQ_BYTES = SEQ.encode()
-SPOOL_FLUSH = 8192
-"""Spool lines buffered before a write."""
+DELTA_INVALID = set(" ,;{}()\n\t=`")
+"""Characters Delta refuses in column names (without column mapping), and the backtick."""
+EXACT_DIGITS = 38
+"""Longest run of digits a number may have: Spark's decimals hold 38; longer ones became doubles."""
+FIRST_FAILURES = 3
+"""How many bad lines an error names."""
+LINE_SHOWN = 1 << 20
+"""Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
+
+
+# --- the epoch's extent (plain Python, unit-tested without a JVM) ---------------------------------
+
+
+def is_document_file(path: str) -> bool:
+    """A top-level file with a JSON Lines suffix whose name does not start with '.' or '_'."""
+    return "/" not in path and path.endswith(SUFFIXES) and not path.startswith((".", "_"))
+
+
+def _legacy_document_file(path: str) -> bool:
+    """What the previous version listed (recursively, only '.' names left out): old checkpoints'
+    ``before`` counted these."""
+    return path.endswith(SUFFIXES) and not path.rsplit("/", 1)[-1].startswith(".")
+
+
+@dataclass
+class Plan:
+    """One epoch's extent."""
+
+    files: list[FileInfo]
+    """Whole files to read, in name order."""
+    resume: tuple[FileInfo, int] | None = None
+    """A file a previous version's checkpoint left part-read, and the lines already read."""
+    before: int = 0
+    """Files that sort before the last file taken."""
+    lag_files: int = 0
+    lag_bytes: int = 0
+
+    @property
+    def last(self) -> str:
+        return (self.files[-1] if self.files else self.resume[0]).path  # type: ignore[index]
+
+    @property
+    def empty(self) -> bool:
+        return not self.files and self.resume is None
+
+    def checkpoint(self) -> dict[str, Any]:
+        taken = ([self.resume[0]] if self.resume else []) + self.files
+        return {"file": self.last, "before": self.before, "sizes": {f.path: f.size for f in taken}}
+
+    def description(self) -> str:
+        parts = [f"{self.resume[0].path}:{self.resume[1] + 1}-"] if self.resume else []
+        names = [f.path for f in self.files]
+        parts += names if len(names) <= 3 else [f"{names[0]} … {names[-1]} ({len(names)} files)"]
+        return ", ".join(parts)
+
+
+def plan_epoch(
+    listing: list[FileInfo], checkpoint: dict[str, Any] | None, max_files: int, max_bytes: int, where: str,
+    legacy: list[FileInfo] | None = None, until: str | None = None,
+) -> Plan:
+    """The next epoch after ``checkpoint`` over ``listing`` (document files, sorted by name);
+    with ``until``, exactly the files up to that name (a committed epoch's extent, re-read).
+
+    Raises SourceError for a file that appeared before the checkpoint or a taken file that changed.
+    """
+    checkpoint = checkpoint or {}
+    last = checkpoint.get("file")
+    resume: tuple[FileInfo, int] | None = None
+    if last is not None:
+        old_format = "line" in checkpoint or "offset" in checkpoint
+        counted = legacy if (old_format and legacy is not None) else listing
+        earlier = sum(1 for f in counted if f.path < last)
+        # Fewer files before the checkpoint is retention deleting processed files: fine. More is a
+        # file that arrived late with an earlier name: it would never be read.
+        if "before" in checkpoint and earlier > int(checkpoint["before"]):
+            raise SourceError(
+                f"{where}: {earlier - int(checkpoint['before'])} file(s) appeared that sort before {last!r}, which "
+                f"the pipeline has already passed; they would never be read. Files are read in name order: rename "
+                f"them to sort after {last!r} (nothing was applied from this transaction)."
+            )
+        sizes = {f.path: f.size for f in listing}
+        for name, size in (checkpoint.get("sizes") or {}).items():
+            now = sizes.get(name)
+            if now is not None and now != size:
+                raise SourceError(
+                    f"{where}/{name}: the file was {size} bytes when the pipeline read it and is {now} bytes now. "
+                    "Files must not change once they appear: lines appended to a file already read would never "
+                    f"be read. Put new documents in a new file that sorts after {last!r}, and restore {name!r} to "
+                    "what it was (nothing was applied from this transaction)."
+                )
+        if old_format:
+            offset = int(checkpoint.get("offset", 0))
+            current = next((f for f in listing if f.path == last), None)
+            if current is None:
+                raise SourceError(
+                    f"{where}/{last}: the pipeline had read this file up to line {checkpoint.get('line')}, and it is "
+                    "gone; the rest of it would never be read. Restore it (nothing was applied from this transaction)."
+                )
+            if offset < current.size:
+                resume = (current, int(checkpoint.get("line", 0)))
+    after = [f for f in listing if last is None or f.path > last]
+    files: list[FileInfo] = []
+    total = resume[0].size - int(checkpoint.get("offset", 0)) if resume else 0
+    for info in after:
+        if until is not None:
+            if info.path > until:
+                break
+        elif (files or resume) and (len(files) >= max_files or total + info.size > max_bytes):
+            break
+        files.append(info)
+        total += info.size
+    plan = Plan(files=files, resume=resume)
+    if not plan.empty:
+        plan.before = sum(1 for f in listing if f.path < plan.last)
+        rest = after[len(files):]
+        plan.lag_files, plan.lag_bytes = len(rest), sum(f.size for f in rest)
+    return plan
+
+
+# --- schemas as schema_of_variant writes them (plain Python) --------------------------------------
+
+Shape = Any
+"""A parsed ``schema_of_variant`` type: ("object", [(name, shape), …]), ("array", shape),
+("decimal", precision, scale), or a scalar's name ("BIGINT", "STRING", "VOID", "VARIANT", …)."""
+
+_TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z_][A-Za-z0-9_$]*)|(\d+)|(.))")
+
+
+def parse_shape(text: str) -> Shape:
+    """Parse ``OBJECT<a: BIGINT, `b c`: ARRAY<STRING>>`` (what schema_of_variant returns)."""
+    tokens = [m for m in _TOKEN.finditer(text) if m.group(0).strip()]
+    pos = 0
+
+    def take() -> str:
+        nonlocal pos
+        token = tokens[pos]
+        pos += 1
+        quoted, word, number, other = token.groups()
+        if quoted is not None:
+            return "q:" + quoted[1:-1].replace("``", "`")
+        return word or number or other  # type: ignore[return-value]
+
+    def peek() -> str:
+        return tokens[pos].group(0).strip() if pos < len(tokens) else ""
+
+    def shape() -> Shape:
+        word = take().upper()
+        if word == "OBJECT":
+            take()  # <
+            fields = []
+            while peek() != ">":
+                name = take()
+                name = name[2:] if name.startswith("q:") else name
+                take()  # :
+                fields.append((name, shape()))
+                if peek() == ",":
+                    take()
+            take()  # >
+            return ("object", fields)
+        if word == "ARRAY":
+            take()
+            inner = shape()
+            take()
+            return ("array", inner)
+        if word == "DECIMAL" and peek() == "(":
+            take()
+            precision = int(take())
+            take()
+            scale = int(take())
+            take()
+            return ("decimal", precision, scale)
+        return word
+
+    return shape()
+
+
+_NUMBERS = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
+
+
+def _kind(shape: Shape) -> str:
+    if isinstance(shape, tuple):
+        return {"object": "an object", "array": "an array", "decimal": "a number"}[shape[0]]
+    if shape in _NUMBERS:
+        return "a number"
+    return {"STRING": "a string", "BOOLEAN": "a boolean", "VOID": "null"}.get(shape, shape.lower())
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def shape_problems(shape: Shape, path: str = "") -> list[str]:
+    """What in one (merged or single-document) shape no table can take: names Delta refuses, two
+    names differing only in case, values of several kinds (``VARIANT``)."""
+    if shape == "VARIANT":
+        return [f"field {path or '(document)'!r} holds values of different JSON kinds (say a number and a string)"]
+    if not isinstance(shape, tuple) or shape[0] == "decimal":
+        return []
+    if shape[0] == "array":
+        return shape_problems(shape[1], f"{path}[]")
+    problems = []
+    seen: dict[str, str] = {}
+    for name, inner in shape[1]:
+        where = _join(path, name)
+        if not path and name == "_meta":
+            continue
+        if name == "":
+            problems.append(f"a field of {path or 'the document'!r} has an empty name, which no table column can have")
+        elif set(name) & DELTA_INVALID:
+            problems.append(
+                f"field {where!r} has a name Delta refuses (it holds one of space , ; {{ }} ( ) = ` tab newline)"
+            )
+        if name.lower() in seen:
+            problems.append(
+                f"fields {_join(path, seen[name.lower()])!r} and {where!r} differ only in case, and Spark and Delta "
+                "match column names without case"
+            )
+        seen[name.lower()] = name
+        problems += shape_problems(inner, where)
+    return problems
+
+
+def declared_problems(shape: Shape, dtype: Any, path: str = "") -> list[str]:
+    """How a shape does not fit a declared Spark type (``source.schema``)."""
+    from pyspark.sql import types as T
+
+    if shape == "VOID" or isinstance(dtype, T.StringType):
+        return []  # NULL fits anything; a STRING column takes any JSON (as its text)
+    if shape == "VARIANT":
+        return shape_problems(shape, path)
+    if isinstance(dtype, T.StructType):
+        if not (isinstance(shape, tuple) and shape[0] == "object"):
+            return [_wrong_kind(shape, "an object", path)]
+        declared = {f.name: f.dataType for f in dtype.fields}
+        problems = []
+        for name, inner in shape[1]:
+            if not path and name == "_meta":
+                continue
+            if name not in declared:
+                problems.append(
+                    f"field {_join(path, name)!r} is not in the binding's source.schema; declare it there (the table "
+                    "gains the column) or remove it from the document"
+                )
+            else:
+                problems += declared_problems(inner, declared[name], _join(path, name))
+        return problems
+    if isinstance(dtype, T.ArrayType):
+        if not (isinstance(shape, tuple) and shape[0] == "array"):
+            return [_wrong_kind(shape, "an array", path)]
+        return declared_problems(shape[1], dtype.elementType, f"{path}[]")
+    if isinstance(dtype, T.MapType):
+        if not (isinstance(shape, tuple) and shape[0] == "object"):
+            return [_wrong_kind(shape, "an object", path)]
+        return [p for _name, inner in shape[1] for p in declared_problems(inner, dtype.valueType, f"{path}[]")]
+    if isinstance(dtype, T.BooleanType):
+        wanted, ok = "a boolean", shape == "BOOLEAN"
+    elif isinstance(dtype, T.IntegralType):
+        wanted, ok = "a whole number", shape in _NUMBERS[:4] or (isinstance(shape, tuple) and shape[0] == "decimal" and shape[2] == 0)
+    elif isinstance(dtype, T.NumericType):
+        wanted, ok = "a number", shape in _NUMBERS or (isinstance(shape, tuple) and shape[0] == "decimal")
+    elif isinstance(dtype, (T.DateType, T.TimestampType, T.TimestampNTZType)):
+        wanted, ok = "a string or a number", shape in ("STRING",) + _NUMBERS[:4]
+    elif isinstance(dtype, T.BinaryType):
+        wanted, ok = "a string", shape == "STRING"
+    else:
+        return []
+    return [] if ok else [_wrong_kind(shape, wanted, path)]
+
+
+def _wrong_kind(shape: Shape, wanted: str, path: str) -> str:
+    return (
+        f"field {path!r} is {_kind(shape)} but source.schema declares {wanted}; fix the document, or change "
+        "source.schema (and the table's column type)"
+    )
+
+
+def inferred_type(shape: Shape, top: bool = True) -> "DataType":
+    """The Spark type of a merged shape, as ``spark.read.json`` inferred it."""
+    from pyspark.sql import types as T
+
+    if isinstance(shape, tuple):
+        if shape[0] == "decimal":
+            return T.DecimalType(shape[1], 0) if shape[2] == 0 else T.DoubleType()
+        if shape[0] == "array":
+            return T.ArrayType(inferred_type(shape[1], top=False), True)
+        fields = []
+        for name, inner in shape[1]:
+            if top and (name == "_meta" or name in RESERVED):
+                continue
+            if top and inner == "VOID":
+                # A NULL carries no type: a field NULL in every document of the epoch is left out,
+                # so it lands as NULL (as a missing field does) whatever type the table gives it.
+                continue
+            fields.append(T.StructField(name, inferred_type(inner, top=False), True))  # type: ignore[arg-type]
+        return T.StructType(fields)
+    if shape == "VOID":
+        # Deeper down a NULL-only sub-field stays in its struct (an object with a NULL field is not
+        # a NULL object), typed VOID: a NULL carries no type, so it fits whatever the table holds
+        # there (staging writes it as a string column of NULLs; the MERGE casts it to the table's).
+        return T.NullType()
+    return {
+        "BIGINT": T.LongType(), "INT": T.LongType(), "SMALLINT": T.LongType(), "TINYINT": T.LongType(),
+        "DOUBLE": T.DoubleType(), "FLOAT": T.DoubleType(), "BOOLEAN": T.BooleanType(), "STRING": T.StringType(),
+        "DATE": T.StringType(), "TIMESTAMP": T.StringType(), "BINARY": T.StringType(),
+    }.get(shape, T.StringType())
+
+
+# --- the source -----------------------------------------------------------------------------------
 
 
 class DocumentsSource(Source):
     _declared: "StructType | None" = None
-    _kinds: "Kinds | None" = None
+
+    def __init__(self, binding: Any, spool: Store) -> None:
+        super().__init__(binding, spool)
+        self._check_exists()
+
+    def _check_exists(self) -> None:
+        """A source folder that does not exist is a typo: stop before anything is written (an
+        empty folder is fine). Local folders only: an S3 prefix exists once it holds a file."""
+        import os
+
+        uri = self._store().uri
+        if "://" not in uri and not os.path.isdir(uri):
+            raise ConfigError(
+                f"binding {self.binding.name!r}: source folder {uri} does not exist. Check source.path (relative "
+                "paths are taken from the folder the command runs in); nothing was written."
+            )
 
     def declared_schema(self, spark: "SparkSession") -> "StructType | None":
         """The binding's ``source.schema`` as a StructType (None: not declared); checked once."""
@@ -58,192 +386,438 @@ class DocumentsSource(Source):
         return self._declared
 
     def use_schema(self, schema: "StructType") -> None:
-        """Check and parse documents against ``schema`` (what ``source.schema`` declares)."""
+        """Check and cast documents to ``schema`` (what ``source.schema`` declares)."""
         self._declared = schema
-        _shape, fields = kinds_of(schema)
-        self._kinds = ("struct", {**fields, "_meta": ANY})
 
-    def _files(self) -> list[str]:
-        store = open_store(self.binding.source.path)
-        return [f.path for f in store.list() if f.path.endswith(SUFFIXES) and not os.path.basename(f.path).startswith(".")]
+    def _store(self) -> Store:
+        return open_store(self.binding.source.path)
+
+    def listing(self) -> tuple[Store, list[FileInfo], list[FileInfo]]:
+        """The store, its document files by name, and what the previous version counted."""
+        store = self._store()
+        self._check_exists()
+        files = store.list()
+        return store, [f for f in files if is_document_file(f.path)], [f for f in files if _legacy_document_file(f.path)]
 
     def next_batch(
-        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
     ) -> SourceBatch | None:
-        store = open_store(self.binding.source.path)
-        files = self._files()
-        start_file = (checkpoint or {}).get("file")
-        start_line = int((checkpoint or {}).get("line", 0))
-        start_offset = int((checkpoint or {}).get("offset", 0))
-        keys = self.binding.key
-        declared = self.declared_schema(spark)
-        kinds = self._kinds if declared is not None else None
-        if start_file is not None and "before" in (checkpoint or {}):
-            earlier = [name for name in files if name < start_file]
-            if len(earlier) != checkpoint["before"]:  # type: ignore[index]
-                raise SourceError(
-                    f"{store.uri}: {len(earlier) - checkpoint['before']} file(s) appeared that sort before "  # type: ignore[index]
-                    f"{start_file!r}, which the pipeline has already passed; they would never be read. Files "
-                    f"are read in name order: rename them to sort after {start_file!r} (nothing was applied "
-                    "from this transaction)."
-                )
-
-        count = 0
-        extents: list[str] = []
-        cursor: dict[str, Any] | None = None
-        fd, local_spool = tempfile.mkstemp(prefix="spool-", suffix=".jsonl", dir=self.spool.local_temp_dir())
-        try:
-            with os.fdopen(fd, "wb") as out:
-                pending: list[bytes] = []
-                for name in files:
-                    if start_file is not None and name < start_file:
-                        continue
-                    resume = name == start_file
-                    line_no = start_line if resume else 0
-                    offset = start_offset if resume else 0
-                    first_line = line_no
-                    where = f"{store.uri}/{name}"
-                    with store.open_read(name, offset) as handle:
-                        for raw in handle:
-                            if count >= max_documents:
-                                break
-                            line_no += 1
-                            offset += len(raw)
-                            text = raw.strip()
-                            if not text:
-                                continue
-                            _check(text, where, line_no, keys, cursor or checkpoint, kinds)
-                            count += 1
-                            # Numbered, so Spark keeps the file order however it splits the spool.
-                            # The line is one valid JSON value, so it cannot break out of "d".
-                            pending.append(b'{"%s":%d,"d":%s}\n' % (SEQ_BYTES, count, text))
-                            if len(pending) >= SPOOL_FLUSH:
-                                out.write(b"".join(pending))
-                                pending.clear()
-                    if line_no > first_line:
-                        extents.append(f"{name}:{first_line + 1}-{line_no}")
-                    # "before" counts the files passed, so a file that arrives late with an earlier
-                    # name is reported instead of silently skipped.
-                    cursor = {"file": name, "line": line_no, "offset": offset, "before": files.index(name)}
-                    if count >= max_documents:
-                        break
-                out.write(b"".join(pending))
-            if count == 0:
-                return None
-            self.spool.put_file(spool_path, local_spool)
-        finally:
-            if os.path.exists(local_spool):
-                os.unlink(local_spool)
-
-        assert cursor is not None
-        return SourceBatch(
-            documents=_dataframe(spark, self.spool.spark_path(spool_path), declared),
-            checkpoint=cursor,
-            count=count,
-            description=", ".join(extents),
-            explain=(lambda exc: self._explain(exc, checkpoint)) if declared is not None else None,
+        """The next whole files after ``checkpoint`` (up to ``until``'s file when given). ``max_documents``
+        and ``spool_path`` are not used: epochs are bounded by ``source.max_files`` /
+        ``source.max_bytes``, and Spark reads the files in place."""
+        store, files, legacy = self.listing()
+        config = self.binding.source
+        plan = plan_epoch(
+            files, checkpoint, config.max_files, config.max_bytes, store.uri, legacy,
+            until=(until or {}).get("file"),
         )
-
-    def _explain(self, exc: BaseException, checkpoint: dict[str, Any] | None) -> SourceError | None:
-        """Spark's FAILFAST verdict on a document, as the file and line it came from."""
-        text = str(exc)
-        found = _MALFORMED.search(text)
-        if found is None:
+        if plan.empty:
             return None
-        seq = int(found.group(1))
-        causes = [line.split("] ", 1)[-1].strip() for line in text.splitlines() if line.startswith("Caused by:")]
-        cause = causes[-1] if causes else "Spark could not read it"
-        where, line = self._locate(checkpoint, seq)
-        return SourceError(
-            f"{where}:{line}: a value does not fit source.schema: {cause.split(' SQLSTATE')[0]} Fix the document, "
-            "or change source.schema; nothing from this transaction was applied, and the run resumes from "
-            f"{json.dumps(checkpoint) if checkpoint else 'the start of the source'}.",
-            file=where,
-            line=line,
+        declared = self.declared_schema(spark)
+        reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
+        parsed = reader.parsed(plan)
+        count, schema = reader.check(parsed)
+        return SourceBatch(
+            documents=reader.rows(parsed, schema),
+            checkpoint=plan.checkpoint(),
+            count=count,
+            description=plan.description(),
+            explain=reader.explain,
+            lag={"files": plan.lag_files, "bytes": plan.lag_bytes},
         )
 
-    def _locate(self, checkpoint: dict[str, Any] | None, seq: int) -> tuple[str, int]:
-        """File and line of the batch's ``seq``-th document (counted as the batch counted them)."""
-        store = open_store(self.binding.source.path)
-        start_file = (checkpoint or {}).get("file")
-        count = 0
-        for name in self._files():
-            if start_file is not None and name < start_file:
-                continue
-            resume = name == start_file
-            line_no = int((checkpoint or {}).get("line", 0)) if resume else 0
-            with store.open_read(name, int((checkpoint or {}).get("offset", 0)) if resume else 0) as handle:
-                for raw in handle:
-                    line_no += 1
-                    if raw.strip():
-                        count += 1
-                        if count == seq:
-                            return f"{store.uri}/{name}", line_no
-        return store.uri, 0
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
-def _check(text: bytes, where: str, line: int, keys: list[str], resume_from: Any, kinds: "Kinds | None" = None) -> None:
-    """Refuse a line that is not a JSON object with scalar key fields and no reserved field,
-    or (``kinds``: a declared schema) whose fields are not declared or not of the declared kind."""
-    try:
-        doc = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        doc = _parse_slowly(text, where, line, resume_from)
-    if type(doc) is not dict:  # noqa: E721 - the fast path; subclasses cannot come out of a parser
-        _refuse(f"a document must be a JSON object, found {type(doc).__name__}", where, line, resume_from)
-    for key in keys:
-        value = doc.get(key)
-        if value is None or isinstance(value, (dict, list)):
-            problem = "is missing" if value is None else "must be a scalar"
-            _refuse(f"key field {key!r} {problem}", where, line, resume_from)
-    for field in RESERVED:
-        if field in doc:
-            _refuse(f"field {field!r} is reserved by the materializer", where, line, resume_from)
-    if kinds is not None:
-        # The common case inline (a million documents an epoch): scalars of the declared kind.
-        fields = kinds[1]
-        for name, value in doc.items():
-            kind = fields.get(name, _UNDECLARED)
-            if value is None or kind is ANY:
-                continue
-            if kind is _UNDECLARED or type(kind[0]) is str or type(value) not in kind:  # noqa: E721
-                problem = misfit(doc, kinds, "")
-                if problem is not None:
-                    _refuse(problem, where, line, resume_from)
-                break
+class _Reader:
+    """One epoch's Spark plan: read, check, type."""
+
+    def __init__(
+        self, spark: "SparkSession", store: Store, keys: list[str], declared: "StructType | None",
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        self.spark = spark
+        self.store = store
+        self.keys = keys
+        self.declared = declared
+        self.resume_from = checkpoint
+        self.names: dict[str, str] = {}
+        """The file names behind ``_seq.file`` values (the last segment of Spark's path URI)."""
+        self.done: dict[str, int] = {}
+        """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
+
+    # --- reading ---
+
+    def _text(self, names: list[str]) -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        paths = [self.store.spark_path(name) for name in names]
+        # lineSep "\n": lines as the previous version (and every JSON Lines writer) counted them;
+        # a stray "\r" is whitespace to the JSON parser.
+        raw = self.spark.read.option("lineSep", "\n").text(paths)
+        path = F.col("_metadata.file_path")
+        # _seq's file is Spark's path URI as it is (a per-file constant, no work per line) when
+        # those sort as the names do: the files share one folder, so only percent-encoding could
+        # change the order. Spark's URIs are known on the driver without reading a file.
+        encoded = {unquote(uri.rsplit("/", 1)[-1]): uri.rsplit("/", 1)[-1] for uri in raw.inputFiles()}
+        if set(encoded) == set(names) and sorted(names, key=lambda n: encoded[n]) == sorted(names):
+            name = path
+            self.names.update({encoded[n]: n for n in names})
+        else:
+            # Names whose encoding sorts otherwise: the name itself, decoded per line ("+" is
+            # literal in a URI path, so it is protected from url_decode's form decoding).
+            name = F.url_decode(F.replace(F.substring_index(path, "/", -1), F.lit("+"), F.lit("%2B")))
+            self.names.update({n: n for n in names})
+        return raw.select(
+            F.col("value"),
+            F.struct(
+                name.alias("file"),
+                F.col("_metadata.file_block_start").alias("block"),
+                F.monotonically_increasing_id().alias("row"),
+            ).alias(SEQ),
+        )
+
+    def numbered(self, name: str) -> "DataFrame":
+        """One file's lines with their numbers (1-based), in one partition: the error path and a
+        part-read file of a previous version's checkpoint only."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        text = self._text([name])
+        order = Window.orderBy(F.col(f"{SEQ}.block"), F.col(f"{SEQ}.row"))
+        return text.select(F.col("value"), F.row_number().over(order).alias("line"))
+
+    def parsed(self, plan: Plan) -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        parts = []
+        if plan.resume is not None:
+            info, done = plan.resume
+            self.done[info.path] = done
+            rest = self.numbered(info.path).where(F.col("line") > done)
+            self.names[""] = info.path  # sorts before every whole file's
+            parts.append(
+                rest.select("value", F.struct(F.lit("").alias("file"), F.lit(0).cast("long").alias("block"), F.col("line").cast("long").alias("row")).alias(SEQ))
+            )
+        if plan.files:
+            parts.append(self._text([f.path for f in plan.files]))
+        text = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        return self._with_variant(text)
+
+    @staticmethod
+    def _with_variant(text: "DataFrame") -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        blank = F.trim(F.col("value"), F.lit(" \t\r\n\f\u000b")) == F.lit("")
+        return text.where(~blank).withColumn("__v", F.try_parse_json(F.col("value")))
+
+    # --- checking ---
+
+    def problem(self) -> "Column":
+        """Per document, what is wrong with it (NULL: nothing a row alone shows)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        v = F.col("__v")
+        value = F.col("value")
+        named = self.keys + [OP, SEQ, "_meta"]
+        parts = v.try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in named]))
+
+        def kind(x: "Column") -> "Column":
+            return F.schema_of_variant(x)
+
+        rules: list[tuple[Column, Column | str]] = [
+            (
+                v.isNull(),
+                "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
+                "16 MB, nesting deeper than 1000, a number of about 1000 digits); Spark cannot read it, so it cannot land",
+            ),
+            (~F.ltrim(value, F.lit(" \t\r\f")).startswith("{"), "a document must be a JSON object"),
+        ]
+        for key in self.keys:
+            got = parts[key]
+            rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
+            rules.append((kind(got).startswith("OBJECT") | kind(got).startswith("ARRAY"), f"key field {key!r} must be a scalar"))
+        for name in (OP, SEQ):
+            rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
+        meta = parts["_meta"]
+        rules.append((meta.isNotNull() & F.is_variant_null(meta), "'_meta' is null; it must be an object such as {\"_meta\": {\"op\": \"d\"}} or be left out"))
+        rules.append((meta.isNotNull() & ~kind(meta).startswith("OBJECT"), "'_meta' must be an object such as {\"op\": \"d\"}"))
+        op = F.try_variant_get(meta, "$.op", "variant")
+        rules.append((op.isNotNull() & ~F.is_variant_null(op) & (kind(op) != F.lit("STRING")), "'_meta.op' must be a string (\"d\" deletes the key)"))
+        # A number longer than 38 digits parses to a double: rounded, so two distinct keys could
+        # become one. Cheap test first (any long run of digits), then whether the parsed value kept it.
+        long_run = f"[0-9]{{{EXACT_DIGITS + 1},}}"
+        rules.append(
+            (
+                value.rlike(long_run) & (F.regexp_count(value, F.lit(long_run)) > F.regexp_count(F.to_json(v), F.lit(long_run))),
+                f"a number has more than {EXACT_DIGITS} digits, more than Spark can hold exactly; write it as a string",
+            )
+        )
+        if self.declared is not None:
+            rules += self._fits(v, self.declared, "")
+        expr = F.lit(None).cast("string")
+        for condition, message in reversed(rules):
+            expr = F.when(condition, F.lit(message) if isinstance(message, str) else message).otherwise(expr)
+        return expr
+
+    def _fits(self, v: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
+        """Values the declared type's cast would refuse (a timestamp's format, an INT's range):
+        checked per document here, so the staging cast cannot fail (arrays aside)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        parts = v.try_cast(T.StructType([T.StructField(f.name, T.VariantType()) for f in dtype.fields]))
+        rules = []
+        for f in dtype.fields:
+            got = parts[f.name]
+            where = _join(path, f.name)
+            if isinstance(f.dataType, T.StructType):
+                rules += self._fits(got, f.dataType, where)
+            elif not isinstance(f.dataType, (T.StringType, T.ArrayType, T.MapType, T.BooleanType)):
+                message = F.concat(
+                    F.lit(f"a value does not fit source.schema: field {where!r} holds "),
+                    F.substring(F.to_json(got), 1, 200),
+                    F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
+                )
+                rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(), message))
+        return rules
+
+    def check(self, parsed: "DataFrame") -> tuple[int, "StructType"]:
+        """Check every document in one Spark job; the epoch's document count and schema."""
+        from pyspark.sql import functions as F
+
+        checked = parsed.withColumn("__problem", self.problem())
+        row = checked.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.col("__problem")).alias("bad"),
+            F.min(F.when(F.col("__problem").isNotNull(), F.col(SEQ))).alias("first"),
+            F.schema_of_variant_agg(F.when(F.col("__problem").isNull(), F.col("__v"))).alias("shape"),
+        ).first()
+        assert row is not None
+        if row["bad"]:
+            raise self._located(checked, row["first"], int(row["bad"]), None)
+        if row["n"] == 0:
+            from pyspark.sql import types as T
+
+            return 0, self.declared or T.StructType([])
+        shape = parse_shape(row["shape"])
+        problems = self._single_problems(shape)
+        if problems:
+            raise self._shape_error(checked, problems)
+        schema = self.declared if self.declared is not None else inferred_type(shape)
+        return int(row["n"]), schema  # type: ignore[return-value]
+
+    def _name(self, file: str) -> str:
+        """The file name behind a ``_seq.file`` value."""
+        return self.names.get(file) or self.names.get(file.rsplit("/", 1)[-1]) or unquote(file.rsplit("/", 1)[-1])
+
+    def _single_problems(self, shape: Shape) -> list[str]:
+        """What no table can take in ``shape``; with a declared schema, also what does not fit it
+        (a STRING column takes values of any kind, so mixed kinds are the declaration's to judge)."""
+        problems = shape_problems(shape)
+        if self.declared is not None:
+            problems = declared_problems(shape, self.declared) + [p for p in problems if "different JSON kinds" not in p]
+        return problems
+
+    def _shape_error(self, checked: "DataFrame", problems: list[str]) -> SourceError:
+        """Find the first document behind a schema-level problem: the distinct shapes of the epoch
+        (error path only), taken in order of their first document, until one has a problem alone or
+        conflicts with the shapes before it."""
+        from pyspark.sql import functions as F
+
+        shapes = (
+            checked.groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
+            .agg(F.min(F.col(SEQ)).alias("first"))
+            .orderBy("first")
+            .limit(10_000)
+            .collect()
+        )
+        merged: Shape = None
+        for item in shapes:
+            shape = parse_shape(item["shape"])
+            alone = self._single_problems(shape)
+            before, merged = merged, (shape if merged is None else _merge(merged, shape))
+            if alone or (self.declared is None and shape_problems(merged)):
+                found = alone or [_conflict(before, shape, "") or shape_problems(merged)[0]]
+                return self._located(checked, item["first"], None, item["shape"], found)
+        return SourceError(
+            f"{self.store.uri}: the documents of this transaction cannot make one table: {'; '.join(problems)}. "
+            + self._hint()
+        )
+
+    def _hint(self) -> str:
+        return (
+            "Fix or remove those lines and run again: nothing from this transaction was applied, and the run "
+            f"resumes from {json.dumps(self.resume_from) if self.resume_from else 'the start of the source'}."
+        )
+
+    def _located(
+        self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None
+    ) -> SourceError:
+        """The error naming the first bad lines of the file of ``first`` (the ``_seq`` of the first
+        bad document): its lines numbered (in Spark). The kafka source names records instead."""
+        from pyspark.sql import functions as F
+
+        name = self._name(first["file"])
+        lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
+        lines = lines.withColumn("__problem", self.problem())
+        if shape is not None:
+            wanted = (F.col("__problem").isNull()) & (F.schema_of_variant(F.col("__v")) == F.lit(shape))
+        else:
+            wanted = F.col("__problem").isNotNull()
+        found = (
+            lines.where(wanted)
+            .orderBy("line")
+            .select("line", "__problem", F.substring("value", 1, LINE_SHOWN).alias("text"))
+            .limit(FIRST_FAILURES)
+            .collect()
+        )
+        where = f"{self.store.uri}/{name}"
+        if not found:
+            return SourceError(f"{where}: {'; '.join(problems or ['a document is refused'])}. {self._hint()}", file=where)
+        reports = []
+        for item in found:
+            problem = item["__problem"] or self._why(item["text"], problems)
+            reports.append(f"{where}:{item['line']}: {problem}")
+        more = f" ({bad} bad document(s) in this transaction)" if bad and bad > len(found) else ""
+        message = ".\n".join(reports) + f".{more} {self._hint()}"
+        return SourceError(message, file=where, line=int(found[0]["line"]))
+
+    def _why(self, text: str, problems: list[str] | None) -> str:
+        """The problem of one bad line, worded from its own content where the driver can parse it."""
+        if self.declared is not None:
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict):
+                found = misfit(doc, kinds_of(self.declared), "")
+                if found is not None:
+                    return found
+        return (problems or ["a document is refused"])[0]
+
+    # --- the rows ---
+
+    def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        doc = _with_void(F.col("__v").cast(_void_as(schema)), schema) if schema.fields else None
+        op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
+        columns = [] if doc is None else [doc[f.name].alias(f.name) for f in schema.fields]
+        return parsed.select(*columns, op.alias(OP), F.col(SEQ))
+
+    def explain(self, exc: BaseException) -> SourceError | None:
+        """A cast the per-document checks could not foresee (a value inside an array, say)."""
+        text = str(exc)
+        if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:
+            return None
+        first = next((line for line in text.splitlines() if "INVALID_VARIANT_CAST" in line or "CAST_INVALID_INPUT" in line), text)
+        return SourceError(
+            f"{self.store.uri}: a value of this transaction's documents does not fit source.schema: "
+            f"{first.strip().split(' SQLSTATE')[0]} Fix the document, or change source.schema. {self._hint()}"
+        )
 
 
-def _parse_slowly(text: bytes, where: str, line: int, resume_from: Any) -> Any:
-    """The standard library's verdict on a line orjson refused: its value, or the error."""
-    try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-        _refuse(f"not valid JSON ({detail})", where, line, resume_from)
+def _void_as(dtype: Any) -> Any:
+    """``dtype`` with VOID made STRING: a VARIANT cannot be cast to VOID (see :func:`_with_void`)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return T.StringType()
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, _void_as(f.dataType), f.nullable) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(_void_as(dtype.elementType), dtype.containsNull)
+    return dtype
 
 
-def _refuse(problem: str, where: str, line: int, resume_from: Any) -> NoReturn:
-    hint = (
-        f"Fix or remove that line and run again: nothing from this transaction was applied, and the run "
-        f"resumes from {json.dumps(resume_from) if resume_from else 'the start of the source'}."
+def _holds_void(dtype: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return True
+    if isinstance(dtype, T.StructType):
+        return any(_holds_void(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, T.ArrayType):
+        return _holds_void(dtype.elementType)
+    return False
+
+
+def _with_void(column: "Column", dtype: Any) -> "Column":
+    """``column`` (cast to ``_void_as(dtype)``) with its NULL-only sub-fields typed VOID again."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):
+        return F.lit(None)
+    if isinstance(dtype, T.StructType):
+        for field in dtype.fields:
+            if _holds_void(field.dataType):
+                # withField keeps a NULL struct NULL and replaces only this sub-field.
+                column = column.withField(field.name, _with_void(column[field.name], field.dataType))
+        return column
+    if isinstance(dtype, T.ArrayType) and _holds_void(dtype.elementType):
+        return F.transform(column, lambda element: _with_void(element, dtype.elementType))
+    return column
+
+
+def _conflict(before: Shape, shape: Shape, path: str) -> str | None:
+    """Where ``shape`` holds another kind of value than the epoch's earlier documents did."""
+    if before is None or before == "VOID" or shape == "VOID" or before == "VARIANT":
+        return None
+    if isinstance(before, tuple) and isinstance(shape, tuple) and before[0] == shape[0] and before[0] in ("object", "array"):
+        if before[0] == "array":
+            return _conflict(before[1], shape[1], f"{path}[]")
+        earlier = dict(before[1])
+        for name, inner in shape[1]:
+            found = _conflict(earlier.get(name), inner, _join(path, name))
+            if found:
+                return found
+        return None
+    if _merge(before, shape) != "VARIANT":
+        return None
+    return (
+        f"field {path!r} is {_kind(shape)} here but {_kind(before)} in earlier documents of this transaction; a field "
+        "must hold one kind of JSON value (a table column has one type): fix the document, or declare the field "
+        "STRING in source.schema to keep any JSON as text"
     )
-    raise SourceError(f"{where}:{line}: {problem}. {hint}", file=where, line=line)
+
+
+def _merge(a: Shape, b: Shape) -> Shape:
+    """Two shapes as schema_of_variant_agg merges them (enough to find the first conflict)."""
+    if a == b or b == "VOID":
+        return a
+    if a == "VOID":
+        return b
+    numeric = lambda s: s in _NUMBERS or (isinstance(s, tuple) and s[0] == "decimal")  # noqa: E731
+    if numeric(a) and numeric(b):
+        return "DOUBLE"
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] == "array":
+        return ("array", _merge(a[1], b[1]))
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0] == "object":
+        fields = dict(a[1])
+        for name, inner in b[1]:
+            fields[name] = _merge(fields[name], inner) if name in fields else inner
+        return ("object", sorted(fields.items()))
+    return "VARIANT"
 
 
 # --- a declared schema -----------------------------------------------------------------------------
 
 Kinds = Any
 """Per Spark type, what a JSON value must be: None (anything: a STRING column takes any JSON), a
-tuple of Python types, or ("struct", {field: kinds}) / ("array", kinds) / ("map", kinds)."""
+tuple of Python types, or ("struct", {field: kinds}) / ("array", kinds) / ("map", kinds). Used on
+the error path only, to word what is wrong with one refused line."""
 
 ANY = None
-_UNDECLARED = ("undeclared",)
 _NUMBER = (int, float)  # bool is not among them: type(True) is bool, and exact types are compared
 
 
 def parse_schema(spark: "SparkSession", ddl: str, binding: Any) -> "StructType":
-    from materializer.errors import ConfigError
-
     try:
         schema = spark.createDataFrame([], ddl).schema
     except Exception as exc:  # noqa: BLE001 - Spark's parse error, shortened
@@ -259,7 +833,19 @@ def parse_schema(spark: "SparkSession", ddl: str, binding: Any) -> "StructType":
     for name in names:
         if name in RESERVED or name == "_meta":
             raise ConfigError(f"binding {binding.name!r}: source.schema declares {name!r}, which the materializer reserves")
+    for problem in shape_problems(_shape_of(schema)):
+        raise ConfigError(f"binding {binding.name!r}: source.schema: {problem}")
     return schema
+
+
+def _shape_of(dtype: Any) -> Shape:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StructType):
+        return ("object", [(f.name, _shape_of(f.dataType)) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return ("array", _shape_of(dtype.elementType))
+    return "STRING"
 
 
 def kinds_of(dtype: Any) -> Kinds:
@@ -278,7 +864,7 @@ def kinds_of(dtype: Any) -> Kinds:
     if isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType)):
         return _NUMBER
     if isinstance(dtype, (T.DateType, T.TimestampType, T.TimestampNTZType)):
-        return (str, int)  # the format is Spark's to judge (FAILFAST)
+        return (str, int)
     if isinstance(dtype, T.BinaryType):
         return (str,)
     return ANY
@@ -329,30 +915,3 @@ def _wrong(value: Any, wanted: str, path: str) -> str:
         f"field {path!r} is {found} but source.schema declares {wanted}; fix the document, or change "
         "source.schema (and the table's column type)"
     )
-
-
-def _dataframe(spark: "SparkSession", spool_uri: str, declared: "StructType | None" = None):  # type: ignore[no-untyped-def]
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if declared is None:
-        raw = spark.read.json(spool_uri)
-    else:
-        # The Python pass checked every document against the schema; FAILFAST makes Spark stop on
-        # what only it can judge (a timestamp's format, a number beyond the column's range)
-        # instead of reading NULL.
-        meta = T.StructField("_meta", T.StructType([T.StructField("op", T.StringType())]))
-        wrapper = T.StructType(
-            [T.StructField(SEQ, T.LongType()), T.StructField("d", T.StructType(list(declared.fields) + [meta]))]
-        )
-        raw = spark.read.schema(wrapper).option("mode", "FAILFAST").json(spool_uri)
-    doc_type = raw.schema["d"].dataType
-    fields = [f.name for f in doc_type.fields]  # type: ignore[attr-defined]
-    meta = "_meta" in fields
-    op = (
-        F.when(F.col("d._meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
-        if meta and "op" in [f.name for f in doc_type["_meta"].dataType.fields]  # type: ignore[index]
-        else F.lit("u")
-    )
-    columns = [F.col(f"d.`{name}`").alias(name) for name in fields if name != "_meta"]
-    return raw.select(*columns, op.alias(OP), F.col(SEQ).cast("long").alias(SEQ))

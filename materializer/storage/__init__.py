@@ -71,6 +71,9 @@ class Store(ABC):
             self.delete(info.path)
         return len(files)
 
+    def prune_empty(self, prefix: str) -> None:  # noqa: B027 - stores without folders have nothing to do
+        """Remove the empty folders below ``prefix`` (and ``prefix`` itself if empty); no file is touched."""
+
     def size(self, prefix: str) -> tuple[int, int]:
         """(number of files, total bytes) below ``prefix``."""
         files = self.list(prefix)

@@ -48,6 +48,10 @@ class LocalStore(Store):
                 os.link(tmp, target)
             except FileExistsError:
                 return False
+            except FileNotFoundError:
+                # Our temp file is gone: a newer writer's Open cleaned the folder while we were
+                # in this window, so it holds the log now. Nothing was published: as if taken.
+                return False
             _fsync_dir(target.parent)
             return True
         finally:
@@ -102,11 +106,14 @@ class LocalStore(Store):
     def delete_prefix(self, prefix: str) -> int:
         count = super().delete_prefix(prefix)
         # Spark leaves empty folders behind; remove them bottom-up so no orphan folder remains.
+        self.prune_empty(prefix)
+        return count
+
+    def prune_empty(self, prefix: str) -> None:
         base = self._path(prefix)
         if base.is_dir():
             for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
                 try:
-                    os.rmdir(dirpath)
+                    os.rmdir(dirpath)  # only an empty folder: a file written meanwhile keeps it
                 except OSError:
                     pass
-        return count

@@ -1,0 +1,596 @@
+"""The ``kafka`` source: a topic's partitions, read by Spark's own Kafka connector in batch mode.
+
+Offsets are the runtime checkpoint. The driver asks the brokers for each partition's earliest and
+latest offsets (a Python admin client: metadata only, no records), decides the epoch's range per
+partition, ``[from, to)``, bounded by ``max_records`` (shared among partitions in proportion to
+their backlog), and records it in the checkpoint that is committed to the recovery log with the
+epoch's staged file, before any apply. Spark then reads exactly that range on the executors
+(``spark.read.format("kafka")`` with ``assign``, ``startingOffsets`` and ``endingOffsets`` as JSON):
+no record passes through the Python process. Nothing is committed to a consumer group: the log's
+offsets are the only position, so a replay is the epoch's staged file, and an epoch that was never
+committed is read again from the same start.
+
+Partitions are listed each epoch: one that appeared since the checkpoint is read from offset 0.
+A topic that is gone, a partition that is gone, a partition whose offsets went backwards (the topic
+was recreated) and records the pipeline had not read that the broker no longer has (retention,
+``delete_records``) stop the run with a SourceError naming the topic, partition and offsets; with
+``on_data_loss: skip`` the lost records are skipped, logged as a warning, and named in the
+checkpoint (``lost``).
+
+Payloads (``source.payload``):
+
+- ``documents``: the value is a JSON document, read and checked exactly as the documents source
+  does (its ``_Reader``: ``try_parse_json`` to VARIANT, one aggregate of checks and
+  ``schema_of_variant_agg``), ``_meta.op = "d"`` deletes the key. A null value (a tombstone) is
+  refused: it names no key. With ``key_from: message`` the key fields come from the record's key
+  (a JSON object, or one scalar) and a tombstone deletes that key, as in a compacted topic.
+- ``debezium``: the value is a Debezium change event (JSON converter, with or without its
+  ``schema``/``payload`` envelope). ``op`` c (create), r (snapshot read) and u (update) upsert
+  ``after``; d deletes the key of ``before``; tombstones (null values, which Debezium writes after a
+  delete for log compaction) carry no change and are left out, as Debezium's documentation intends.
+  Other ops (``t`` truncate, ``m`` message) are refused, naming the record.
+
+Order: ``_seq`` is ``struct(topic, partition, offset)``: within a partition, later offsets win,
+which is Kafka's own order. Kafka orders nothing across partitions: producers that key records by
+the document key (Kafka's default partitioner, Debezium) keep each key in one partition; a key
+found in two partitions of one epoch takes the record of the higher (topic, partition).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from materializer.errors import ConfigError, SourceError
+from materializer.sources import SEQ, Source, SourceBatch
+from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _Reader, parse_schema
+from materializer.storage import Store
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+"""(topic, partition)."""
+
+
+# --- the epoch's range (plain Python, unit-tested without a broker) --------------------------------
+
+
+@dataclass
+class Plan:
+    """One epoch's offsets."""
+
+    ranges: dict[Partition, tuple[int, int]]
+    """Per partition with records to read, ``[from, to)``."""
+    positions: dict[Partition, int]
+    """Every partition's next offset after the epoch."""
+    lost: dict[Partition, tuple[int, int]] = field(default_factory=dict)
+    """Records skipped under ``on_data_loss: skip``: ``[from, to)``."""
+    lag: int = 0
+    """Records left after the epoch."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.ranges
+
+    @property
+    def records(self) -> int:
+        return sum(to - start for start, to in self.ranges.values())
+
+    def checkpoint(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"offsets": _nested(self.positions), "range": _nested({p: list(r) for p, r in self.ranges.items()})}
+        if self.lost:
+            out["lost"] = _nested({p: list(r) for p, r in self.lost.items()})
+        return out
+
+    def description(self) -> str:
+        parts = [f"{t}/{p}:{a}-{b - 1}" for (t, p), (a, b) in sorted(self.ranges.items())]
+        text = ", ".join(parts) if len(parts) <= 4 else f"{', '.join(parts[:3])} … ({len(parts)} partitions)"
+        return f"{text} ({self.records} offsets)"
+
+
+def _nested(flat: dict[Partition, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for (topic, partition), value in sorted(flat.items()):
+        out.setdefault(topic, {})[str(partition)] = value
+    return out
+
+
+def positions_of(checkpoint: dict[str, Any] | None) -> dict[Partition, int]:
+    return {
+        (topic, int(partition)): int(offset)
+        for topic, offsets in ((checkpoint or {}).get("offsets") or {}).items()
+        for partition, offset in offsets.items()
+    }
+
+
+def share(backlog: dict[Partition, int], limit: int) -> dict[Partition, int]:
+    """How many records each partition gives to an epoch of at most ``limit``: all when the backlog
+    fits, else in proportion to each partition's backlog (what rounding leaves goes to the largest
+    fractions, ties by partition), so partitions move together and none starves."""
+    total = sum(backlog.values())
+    if total <= limit:
+        return dict(backlog)
+    taken = {p: limit * n // total for p, n in backlog.items()}
+    left = limit - sum(taken.values())
+    for p in sorted(backlog, key=lambda p: (-(limit * backlog[p] % total), p)):
+        if left <= 0:
+            break
+        if taken[p] < backlog[p]:
+            taken[p] += 1
+            left -= 1
+    return taken
+
+
+def plan_epoch(
+    watermarks: dict[Partition, tuple[int, int]],
+    topics: list[str],
+    checkpoint: dict[str, Any] | None,
+    start: dict[Partition, int] | None,
+    limit: int,
+    on_data_loss: str,
+    where: str,
+) -> Plan:
+    """The next epoch after ``checkpoint``.
+
+    ``watermarks``: each partition's (earliest, latest) offsets now, for every partition of
+    ``topics``. ``start``: a new pipeline's positions (``starting`` resolved; only used without a
+    checkpoint). Raises SourceError for a missing topic or partition, offsets that went backwards,
+    and lost records unless ``on_data_loss`` is ``skip``.
+    """
+    known = positions_of(checkpoint)
+    present = {t for t, _ in watermarks}
+    hint = "nothing from this transaction was applied"
+    for topic in topics:
+        if topic not in present:
+            if any(t == topic for t, _ in known):
+                raise SourceError(
+                    f"{where}: topic {topic!r} is gone (deleted?); the pipeline had read it up to "
+                    f"{_offsets_text({p: o for p, o in known.items() if p[0] == topic})}. Its unread records, if any, "
+                    f"are lost: restore the topic, or start a new pipeline (new pipeline_id and tables); {hint}."
+                )
+            raise SourceError(f"{where}: topic {topic!r} does not exist. Check source.topic(s) and bootstrap_servers; {hint}.")
+    for partition, offset in known.items():
+        if partition[0] in topics and partition not in watermarks:
+            raise SourceError(
+                f"{where}: partition {partition[0]}/{partition[1]} is gone (the pipeline had read it up to offset "
+                f"{offset}): the topic was deleted and recreated with fewer partitions. Restore it, or start a new "
+                f"pipeline; {hint}."
+            )
+    positions: dict[Partition, int] = {}
+    lost: dict[Partition, tuple[int, int]] = {}
+    for partition, (low, high) in sorted(watermarks.items()):
+        if partition in known:
+            position = known[partition]
+        elif checkpoint is not None:
+            # A partition added since the checkpoint: everything in it is new to the pipeline.
+            position = 0
+        else:
+            position = (start or {}).get(partition, low)
+        if position > high:
+            raise SourceError(
+                f"{where}: partition {partition[0]}/{partition[1]} ends at offset {high} but the pipeline has read "
+                f"up to {position}: its offsets went backwards (the topic was deleted and recreated?). Records the "
+                f"new topic holds would be skipped or read twice: start a new pipeline for it; {hint}."
+            )
+        if position < low:
+            if on_data_loss != "skip":
+                raise SourceError(
+                    f"{where}: partition {partition[0]}/{partition[1]}: offsets {position} to {low - 1} "
+                    f"({low - position} records) are gone from the broker (retention or deleted records) before the "
+                    f"pipeline read them. They are lost to this table: restore them to the topic if you can, or set "
+                    f"source.on_data_loss: skip to go on from offset {low} (the loss is logged); {hint}."
+                )
+            lost[partition] = (position, low)
+            position = low
+        positions[partition] = position
+    backlog = {p: watermarks[p][1] - positions[p] for p in positions if watermarks[p][1] > positions[p]}
+    taken = share(backlog, limit)
+    ranges = {p: (positions[p], positions[p] + n) for p, n in taken.items() if n > 0}
+    after = {p: ranges[p][1] if p in ranges else positions[p] for p in positions}
+    return Plan(ranges=ranges, positions=after, lost=lost, lag=sum(backlog.values()) - sum(taken.values()))
+
+
+def _offsets_text(offsets: dict[Partition, int]) -> str:
+    return ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(offsets.items())) or "nothing"
+
+
+# --- the brokers' offsets (a Python admin client: metadata only) ----------------------------------
+
+
+class Offsets:
+    """Partition lists and watermarks from the brokers, with confluent-kafka's AdminClient."""
+
+    def __init__(self, bootstrap: str, client_options: dict[str, str], where: str, read_committed: bool = False) -> None:
+        try:
+            from confluent_kafka.admin import AdminClient
+        except ImportError:
+            raise ConfigError(
+                "the kafka source looks offsets up with confluent-kafka: pip install 'delta-materializer[kafka]' "
+                "(or confluent-kafka)"
+            ) from None
+        self.where = where
+        # With read_committed (Spark's kafka.isolation.level) the range must end at the last stable
+        # offset, not the high watermark: records past it are not readable yet.
+        self.read_committed = read_committed
+        self.admin = AdminClient({**client_options, "bootstrap.servers": bootstrap})
+
+    def watermarks(self, topics: list[str], timeout: float = 30) -> dict[Partition, tuple[int, int]]:
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self.admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise SourceError(f"{self.where}: the brokers did not answer ({exc}); check bootstrap_servers and client_options") from None
+        partitions = [
+            (t, p) for t in topics if t in metadata.topics and metadata.topics[t].error is None for p in metadata.topics[t].partitions
+        ]
+        low = self._list(partitions, "earliest", timeout)
+        high = self._list(partitions, "latest", timeout)
+        return {p: (low[p], high[p]) for p in partitions}
+
+    def at_timestamp(self, partitions: list[Partition], millis: int, timeout: float = 30) -> dict[Partition, int]:
+        """The first offset at or after ``millis`` per partition (-1: none yet, so the latest)."""
+        return self._list(partitions, millis, timeout)
+
+    def _list(self, partitions: list[Partition], spec: Any, timeout: float) -> dict[Partition, int]:
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        if not partitions:
+            return {}
+        offset_spec = (
+            OffsetSpec.earliest() if spec == "earliest" else OffsetSpec.latest() if spec == "latest" else OffsetSpec.for_timestamp(spec)
+        )
+        request = {TopicPartition(t, p): offset_spec for t, p in partitions}
+        try:
+            isolation = IsolationLevel.READ_COMMITTED if self.read_committed else IsolationLevel.READ_UNCOMMITTED
+            futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=timeout)
+            return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise SourceError(f"{self.where}: listing offsets failed ({exc}); check the brokers and client_options") from None
+
+
+# --- the source ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Where:
+    """What the documents reader names in its messages (its ``store.uri``)."""
+
+    uri: str
+
+
+class KafkaSource(Source):
+    _declared: "StructType | None" = None
+
+    def __init__(self, binding: Any, spool: Store) -> None:
+        super().__init__(binding, spool)
+        config = binding.source
+        self.topics: list[str] = config.topic_names
+        self.where = f"kafka://{config.bootstrap_servers}/{','.join(self.topics)}"
+        self._offsets: Offsets | None = None
+        self._start: dict[Partition, int] | None = None
+
+    def offsets(self) -> Offsets:
+        if self._offsets is None:
+            config = self.binding.source
+            read_committed = any(
+                k.lower() == "kafka.isolation.level" and v.lower() == "read_committed" for k, v in config.options.items()
+            )
+            self._offsets = Offsets(config.bootstrap_servers, dict(config.client_options), self.where, read_committed)
+        return self._offsets
+
+    def _starting(self, watermarks: dict[Partition, tuple[int, int]]) -> dict[Partition, int]:
+        """A new pipeline's positions, resolved once per process (so ``latest`` does not move on
+        while a run waits for records)."""
+        if self._start is None:
+            starting = self.binding.source.starting
+            if starting == "earliest":
+                self._start = {p: low for p, (low, _) in watermarks.items()}
+            elif starting == "latest":
+                self._start = {p: high for p, (_, high) in watermarks.items()}
+            elif isinstance(starting, dict) and set(starting) == {"timestamp"}:
+                found = self.offsets().at_timestamp(sorted(watermarks), int(starting["timestamp"]))
+                self._start = {p: (found[p] if found.get(p, -1) >= 0 else watermarks[p][1]) for p in watermarks}
+            else:
+                given = {(t, int(p)): int(o) for t, offsets in starting.items() for p, o in offsets.items()}
+                self._start = {p: given.get(p, low) for p, (low, _) in watermarks.items()}
+        return self._start
+
+    def plan(self, checkpoint: dict[str, Any] | None, limit: int) -> Plan:
+        watermarks = self.offsets().watermarks(self.topics)
+        start = self._starting(watermarks) if checkpoint is None else None
+        config = self.binding.source
+        plan = plan_epoch(watermarks, self.topics, checkpoint, start, limit, config.on_data_loss, self.where)
+        for (topic, partition), (a, b) in plan.lost.items():
+            log.warning(
+                "%s: on_data_loss=skip: partition %s/%d offsets %d to %d (%d records) were gone from the broker "
+                "before the pipeline read them; they are NOT in the table",
+                self.where, topic, partition, a, b - 1, b - a,
+            )
+        return plan
+
+    def declared_schema(self, spark: "SparkSession") -> "StructType | None":
+        ddl = self.binding.source.schema_ddl
+        if self._declared is None and ddl is not None:
+            self._declared = parse_schema(spark, ddl, self.binding)
+        return self._declared
+
+    def next_batch(
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
+        *, until: dict[str, Any] | None = None,
+    ) -> SourceBatch | None:
+        """The next offset range after ``checkpoint``, at most ``source.max_records`` (default
+        ``max_documents``) records; with ``until`` (recover), exactly the range the log recorded.
+        ``spool_path`` is not used: Spark reads the brokers."""
+        if until is not None:
+            # A binding with no input in the epoch kept its checkpoint: there is nothing to re-read
+            # (its checkpoint's range is an earlier epoch's).
+            return None if until == checkpoint else self.replay(spark, checkpoint, until)
+        config = self.binding.source
+        plan = self.plan(checkpoint, config.max_records or max_documents)
+        if plan.empty:
+            return None
+        return self._batch(spark, checkpoint, plan)
+
+    def replay(self, spark: "SparkSession", before: dict[str, Any] | None, after: dict[str, Any]) -> SourceBatch:
+        """Exactly a committed epoch's records again (``after``: its checkpoint, whose ``range`` the
+        log recorded): for ``recover`` re-staging an epoch whose staged file was lost. Records of the
+        range the broker no longer has stop it: the epoch cannot be rebuilt exactly."""
+        ranges = {
+            (topic, int(partition)): (int(bounds[0]), int(bounds[1]))
+            for topic, parts in (after.get("range") or {}).items()
+            for partition, bounds in parts.items()
+        }
+        watermarks = self.offsets().watermarks(self.topics)
+        for (topic, partition), (start, end) in sorted(ranges.items()):
+            low, high = watermarks.get((topic, partition), (None, None))
+            if low is None or low > start or high < end:
+                raise SourceError(
+                    f"{self.where}: the epoch read {topic}/{partition} offsets {start} to {end - 1}, and the broker "
+                    f"now holds {'nothing of that partition' if low is None else f'offsets {low} to {high - 1}'}: the "
+                    "epoch cannot be read again exactly. Restore its staged file from a backup."
+                )
+        plan = Plan(ranges=ranges, positions=positions_of(after))
+        batch = self._batch(spark, before, plan)
+        batch.checkpoint = after  # the very checkpoint the log holds, "lost" included
+        return batch
+
+    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
+        config = self.binding.source
+        reader = _KafkaReader(
+            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
+        )
+        try:
+            parsed = reader.parsed(self.records(spark, plan))
+            count, schema = reader.check(parsed)
+        except SourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a Spark failure reading the range, explained if it is one
+            explained = reader.explain(exc)
+            if explained is not None:
+                raise explained from exc
+            raise
+        description = plan.description()
+        if plan.lost:
+            description += f"; SKIPPED lost records: {_offsets_text({p: a for p, (a, _) in plan.lost.items()})} (on_data_loss: skip)"
+        return SourceBatch(
+            documents=reader.rows(parsed, schema),
+            checkpoint=plan.checkpoint(),
+            count=count,
+            description=description,
+            explain=reader.explain,
+            lag={"records": plan.lag},
+        )
+
+    def records(self, spark: "SparkSession", plan: Plan) -> "DataFrame":
+        """The epoch's records, exactly ``plan.ranges``, as Spark's Kafka connector reads them."""
+        from pyspark.sql import functions as F
+
+        config = self.binding.source
+        assign: dict[str, list[int]] = {}
+        for topic, partition in sorted(plan.ranges):
+            assign.setdefault(topic, []).append(partition)
+        starting = _nested({p: a for p, (a, _) in plan.ranges.items()})
+        ending = _nested({p: b for p, (_, b) in plan.ranges.items()})
+        reader = spark.read.format("kafka")
+        for key, value in config.options.items():
+            reader = reader.option(key, value)
+        raw = (
+            reader.option("kafka.bootstrap.servers", config.bootstrap_servers)
+            .option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            # A record of the range missing when Spark reads it is a failure, never a gap.
+            .option("failOnDataLoss", "true")
+            .load()
+        )
+        return raw.select(
+            F.col("value").cast("string").alias("value"),
+            F.col("key").cast("string").alias("key"),
+            F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
+        )
+
+
+# --- reading and checking: the documents source's reader, over records --------------------------
+
+_DELETE_PREFIX = '{"_meta":{"op":"d"},'
+
+
+class _KafkaReader(_Reader):
+    """The documents reader with records in place of lines: ``_seq`` is (topic, partition, offset),
+    errors name records, and Debezium events become documents before the same checks."""
+
+    def __init__(
+        self, spark: "SparkSession", where: str, keys: list[str], declared: "StructType | None",
+        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value",
+    ) -> None:
+        super().__init__(spark, _Where(where), keys, declared, checkpoint)  # type: ignore[arg-type]
+        self.payload = payload
+        self.key_from = key_from
+
+    def parsed(self, records: "DataFrame") -> "DataFrame":  # type: ignore[override]
+        """``value`` (the document's JSON text), ``__kafka`` (a problem of the record itself), ``__v``."""
+        from pyspark.sql import functions as F
+
+        if self.payload == "debezium":
+            records = self._debezium(records)
+        elif self.key_from == "message":
+            records = self._keyed(records)
+        else:
+            records = records.withColumn(
+                "__kafka",
+                F.when(
+                    F.col("value").isNull(),
+                    F.lit("the record's value is null (a tombstone): with payload documents a record must hold a JSON "
+                          "document, and a delete is a document with \"_meta\": {\"op\": \"d\"} and its key fields"),
+                ),
+            )
+        # Unlike lines of a file, no record is skipped: a blank value is refused as not JSON.
+        return records.withColumn("__v", F.try_parse_json(F.col("value")))
+
+    def _keyed(self, records: "DataFrame") -> "DataFrame":
+        """``key_from: message``: the key fields from the record's key, spliced into the document
+        (or checked equal, where the value holds them too); a tombstone deletes the key."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        parsed_key = F.try_parse_json(F.col("key"))
+        wrapped = F.try_variant_get(parsed_key, "$.schema", "variant").isNotNull() & F.try_variant_get(parsed_key, "$.payload", "variant").isNotNull()
+        key = F.when(wrapped, F.try_variant_get(parsed_key, "$.payload", "variant")).otherwise(parsed_key)
+        is_object = F.schema_of_variant(key).startswith("OBJECT")
+        if len(self.keys) == 1:
+            name = self.keys[0]
+            # One key field: a JSON scalar as it is, plain text as a string.
+            scalar = F.when(key.isNotNull(), F.concat(F.lit("{" + json.dumps(name) + ":"), F.to_json(key), F.lit("}")))
+            key_json = F.when(is_object, F.to_json(key)).otherwise(F.coalesce(scalar, F.to_json(F.struct(F.col("key").alias(name)))))
+        else:
+            key_json = F.when(is_object, F.to_json(key))
+        key_doc = F.try_parse_json(key_json)
+        fields = T.StructType([T.StructField(k, T.VariantType()) for k in self.keys])
+        in_key = key_doc.try_cast(fields)
+        value = F.try_parse_json(F.col("value"))
+        in_value = value.try_cast(fields)
+        held = [in_value[k].isNotNull() for k in self.keys]
+        any_held = functools.reduce(lambda a, b: a | b, held)
+        differs = [(in_value[k].isNotNull() & (F.to_json(in_value[k]) != F.to_json(in_key[k])), k) for k in self.keys]
+        missing = [(in_key[k].isNull() | F.is_variant_null(in_key[k]), k) for k in self.keys]
+        key_inner = F.expr("substring(__key_json, 2, length(__key_json) - 2)")
+        value_inner = F.expr("substring(value, 2 + length(value) - length(ltrim(value)))")
+        problem = F.when(F.col("key").isNull(), F.lit("the record has no key, and key_from: message takes the key fields from it"))
+        problem = problem.when(key_json.isNull(), F.lit(
+            f"the record's key must be a JSON object holding the key fields {self.keys}"
+            + (" (or, for one key field, a JSON scalar or plain text)" if len(self.keys) == 1 else "")
+        ))
+        for condition, name in missing:
+            problem = problem.when(condition, F.lit(f"the record's key has no key field {name!r} (or it is null)"))
+        for condition, name in differs:
+            problem = problem.when(F.col("value").isNotNull() & condition, F.lit(f"key field {name!r} in the value differs from the record's key"))
+        tombstone = F.concat(F.lit('{"_meta":{"op":"d"},'), F.col("__key_inner"), F.lit("}"))
+        spliced = F.when(
+            F.trim(F.col("__value_inner")).startswith("}"), F.concat(F.lit("{"), F.col("__key_inner"), F.col("__value_inner"))
+        ).otherwise(F.concat(F.lit("{"), F.col("__key_inner"), F.lit(","), F.col("__value_inner")))
+        text = (
+            F.when(F.col("__kafka").isNotNull(), F.col("value"))
+            .when(F.col("value").isNull(), tombstone)
+            # The value holds the key fields (checked equal above), or is no object: left as it is.
+            .when(any_held | value.isNull() | ~F.schema_of_variant(value).startswith("OBJECT"), F.col("value"))
+            .otherwise(spliced)
+        )
+        return (
+            records.withColumn("__key_json", key_json)
+            .withColumn("__key_inner", key_inner)
+            .withColumn("__value_inner", value_inner)
+            .withColumn("__kafka", problem)
+            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"))
+        )
+
+    def _debezium(self, records: "DataFrame") -> "DataFrame":
+        """Debezium events as documents: ``after`` for c/r/u, ``before`` marked deleted for d;
+        tombstones (null values) left out."""
+        from pyspark.sql import functions as F
+
+        records = records.where(F.col("value").isNotNull())
+        event = F.try_parse_json(F.col("value"))
+        # The JSON converter with schemas.enable wraps the event: {"schema": …, "payload": {…}}.
+        wrapped = F.try_variant_get(event, "$.schema", "variant").isNotNull() & F.try_variant_get(event, "$.payload", "variant").isNotNull()
+        envelope = F.when(wrapped, F.try_variant_get(event, "$.payload", "variant")).otherwise(event)
+        records = records.withColumn("__event", envelope)
+        op = F.try_variant_get(F.col("__event"), "$.op", "string")
+        after = F.to_json(F.try_variant_get(F.col("__event"), "$.after", "variant"))
+        before = F.to_json(F.try_variant_get(F.col("__event"), "$.before", "variant"))
+        after_ok = F.try_variant_get(F.col("__event"), "$.after", "variant").isNotNull() & ~F.is_variant_null(
+            F.try_variant_get(F.col("__event"), "$.after", "variant")
+        )
+        # coalesce: a missing before/after has no schema (NULL), which must count as "not an object".
+        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT"), F.lit(False))
+        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT"), F.lit(False))
+        deleted = F.when(before == F.lit("{}"), F.lit('{"_meta":{"op":"d"}}')).otherwise(
+            F.concat(F.lit(_DELETE_PREFIX), F.substring(before, 2, 1 << 30))
+        )
+        problem = (
+            F.when(event.isNull(), F.lit("not a valid JSON Debezium change event"))
+            .when(op.isNull(), F.lit("not a Debezium change event: it has no string 'op' (c, r, u or d)"))
+            .when(op.isin("c", "r", "u") & ~(after_ok & after_obj), F.concat(F.lit("Debezium event op '"), op, F.lit("' has no 'after' object")))
+            .when((op == F.lit("d")) & ~before_obj, F.lit("Debezium delete (op 'd') has no 'before' object to take the key from"))
+            .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit("' (truncate 't', message 'm') is not supported: only c, r, u and d change rows")))
+        )
+        text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(after)
+        return records.select(text.alias("value"), F.col(SEQ), problem.alias("__kafka"))
+
+    def problem(self) -> "Column":
+        from pyspark.sql import functions as F
+
+        return F.coalesce(F.col("__kafka"), super().problem())
+
+    def _located(
+        self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None
+    ) -> SourceError:
+        """The error naming the first bad records (topic, partition, offset): error path only."""
+        from pyspark.sql import functions as F
+
+        if shape is not None:
+            wanted = F.col("__problem").isNull() & (F.schema_of_variant(F.col("__v")) == F.lit(shape))
+        else:
+            wanted = F.col("__problem").isNotNull()
+        found = (
+            checked.where(wanted)
+            .orderBy(SEQ)
+            .select(F.col(SEQ), "__problem", F.substring("value", 1, LINE_SHOWN).alias("text"))
+            .limit(FIRST_FAILURES)
+            .collect()
+        )
+        if not found:
+            return SourceError(f"{self.store.uri}: {'; '.join(problems or ['a record is refused'])}. {self._hint()}", file=self.store.uri)
+        reports = []
+        for item in found:
+            seq = item[SEQ]
+            problem = item["__problem"] or self._why(item["text"] or "", problems)
+            reports.append(f"{self.store.uri} topic {seq['topic']} partition {seq['partition']} offset {seq['offset']}: {problem}")
+        more = f" ({bad} bad record(s) in this transaction)" if bad and bad > len(found) else ""
+        return SourceError(".\n".join(reports) + f".{more} {self._hint()}", file=self.store.uri, line=int(found[0][SEQ]["offset"]))
+
+    def _hint(self) -> str:
+        return (
+            "Fix the producer and write corrected records after them (a topic's records cannot be changed): nothing "
+            "from this transaction was applied, and the run resumes from "
+            f"{json.dumps((self.resume_from or {}).get('offsets')) if self.resume_from else 'the starting position'}."
+        )
+
+    def explain(self, exc: BaseException) -> SourceError | None:
+        text = str(exc)
+        if any(sign in text for sign in ("KAFKA_DATA_LOSS", "failOnDataLoss", "OffsetOutOfRange", "Cannot fetch offset")):
+            first = next((line for line in text.splitlines() if "offset" in line.lower()), text[:500])
+            return SourceError(
+                f"{self.store.uri}: records of this transaction's offset range disappeared from the broker while Spark "
+                f"read them (retention?): {first.strip()[:500]} Nothing from this transaction was applied; the next run "
+                "stops naming what is lost (or, with source.on_data_loss: skip, goes on past it)."
+            )
+        return super().explain(exc)
