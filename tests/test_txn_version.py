@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from materializer.delta import TableRef, table_state, table_version, txn_version
+from materializer.delta import TableRef, read_txn_without_spark, table_state, table_version, txn_version
 from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
@@ -42,6 +42,7 @@ def _check(spark: Any, table: Path, model: dict[str, int]) -> None:
     ref = TableRef(str(table))
     for app in list(model) + ["never-wrote"]:
         assert txn_version(spark, ref, app) == model.get(app), app
+        _agree(spark, ref, app)
     # Delta's own answer: a write at the recorded version is skipped (no new table version).
     for app, recorded in model.items():
         before = table_version(spark, ref)
@@ -82,6 +83,36 @@ def test_txn_version_is_what_delta_skips_across_checkpoints_and_log_clean_up(ses
     assert txn_version(session, TableRef(str(table)), "a") == 8
     state = table_state(session, TableRef(str(table)), "c")
     assert (state.exists, state.txn_version) == (True, 2)
+
+
+def _agree(spark: Any, ref: TableRef, app: str, *, must_answer: bool = False) -> None:
+    """delta-rs (the per-apply fast path) and the Spark log reader give the same state, or delta-rs
+    declines (None) and Spark answers; never a different number."""
+    slow = table_state(spark, ref, app, spark_only=True)
+    fast = read_txn_without_spark(ref, app)
+    if must_answer:
+        assert fast is not None, "delta-rs could not read a plain local table"
+    if fast is not None:
+        assert (fast.exists, fast.version, fast.txn_version) == (slow.exists, slow.version, slow.txn_version), app
+    both = table_state(spark, ref, app)
+    assert (both.exists, both.version, both.txn_version) == (slow.exists, slow.version, slow.txn_version), app
+
+
+def test_delta_rs_and_the_spark_log_reader_agree_across_checkpoints(spark: Any, tmp_path: Path) -> None:
+    """The per-apply pre-check reads path tables with delta-rs first; it must read the same txn
+    actions as the Spark reader: from the checkpoint's ``txn`` column and the commits after it."""
+    table = tmp_path / "t"
+    spark.sql(
+        f"CREATE TABLE delta.`{table}` (id BIGINT, app STRING) USING delta TBLPROPERTIES ('delta.checkpointInterval' = '2')"
+    )
+    ref = TableRef(str(table))
+    for app, version in [("a", 1), ("b", 5), ("a", 3), ("c", 2), ("a", 4), ("b", 9), ("a", 7)]:
+        _write(spark, table, app, version)
+        for name in ("a", "b", "c", "never-wrote"):
+            _agree(spark, ref, name, must_answer=True)
+    assert list((table / "_delta_log").glob("*.checkpoint.parquet")), "no checkpoint was written"
+    state = read_txn_without_spark(ref, "b")
+    assert state is not None and (state.exists, state.version, state.txn_version) == (True, 7, 9)
 
 
 def test_no_table_records_nothing(session: Any, tmp_path: Path) -> None:
