@@ -121,7 +121,7 @@ def test_a_first_resolution_reads_only_the_mirror_and_skips_what_pyspark_ships(t
     assert names == ["a-1.0.jar", "b-1.0.jar"] and found.fetched
     assert all(str(tmp_path / "cache") in j for j in found.jars)
     # One line says what is fetched and where the report is; the last says what it came to.
-    assert lines[0].startswith("fetching the Delta jars (test.mat:a:1.0) from " + mirror)
+    assert lines[0].startswith("fetching jars (test.mat:a:1.0) from " + mirror)
     assert "fetched 2 jars" in lines[-1]
     assert "resolving dependencies" in (tmp_path / "cache" / "resolve.log").read_text()
     # The second time: from the manifest, nothing printed, no JVM.
@@ -241,7 +241,7 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     # Only our own lines: no Ivy report, no log4j warnings, no JVM notice.
     for noise in (":: loading settings", ":: resolving", "found io.delta", "WARN", "INFO", "log4j", "SparkContext"):
         assert noise not in err, err
-    assert err.splitlines()[0].startswith(("opened pipeline", "fetching the Delta jars")), err
+    assert err.splitlines()[0].startswith(("opened pipeline", "fetching jars")), err
     verbose = run_cli("-v", "run", "--config", str(pipeline))
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "WARN NativeCodeLoader" in verbose.stderr  # Spark's own log4j defaults
