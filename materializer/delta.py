@@ -343,14 +343,8 @@ def txn_version(
             return None
     log = location.rstrip("/") + "/_delta_log"
     try:
-        checkpoint = _last_checkpoint(spark, log, version)
-        try:
-            return _txn_from(spark, log, app_id, checkpoint, version)
-        except Exception as exc:  # noqa: BLE001 - Connect and classic raise different classes
-            if not _absent(exc):
-                raise
-        # A commit after the hinted checkpoint is gone: the hint is stale (``_last_checkpoint``
-        # is only a hint) and clean-up removed what precedes a newer checkpoint. Find that one.
+        # Found by listing the log, not from ``_last_checkpoint``: Spark's file sources skip every
+        # name that starts with "_" ("All paths were ignored"), so that hint cannot be read here.
         return _txn_from(spark, log, app_id, _newest_checkpoint(spark, log, version), version)
     except Exception:
         if table.is_path:
@@ -371,24 +365,6 @@ def _txn_from_history(spark: "SparkSession", table: TableRef, app_id: str) -> in
     return max(epochs) if epochs else None
 
 
-def _last_checkpoint(spark: "SparkSession", log: str, version: int) -> tuple[int, str | None] | None:
-    """(version, V2 checkpoint file name or None) from ``_last_checkpoint``, if any and <= version."""
-    try:
-        rows = spark.read.text(f"{log}/_last_checkpoint").collect()
-    except Exception as exc:  # noqa: BLE001 - no checkpoint yet
-        if _absent(exc):
-            return None
-        raise
-    if not rows:
-        return None
-    hint = json.loads("".join(r["value"] for r in rows))
-    found = int(hint["version"])
-    if found > version:
-        return None
-    v2 = hint.get("v2Checkpoint") or {}
-    return found, v2.get("path")
-
-
 def _newest_checkpoint(spark: "SparkSession", log: str, version: int) -> tuple[int, str | None] | None:
     """The newest checkpoint at or below ``version``, by listing the log's checkpoint files."""
     from pyspark.sql import functions as F
@@ -405,9 +381,36 @@ def _newest_checkpoint(spark: "SparkSession", log: str, version: int) -> tuple[i
         if _absent(exc):
             return None
         raise
-    versions = sorted({int(r["name"].split(".")[0]) for r in names if r["name"].split(".")[0].isdigit()})
-    usable = [v for v in versions if v <= version]
-    return (usable[-1], None) if usable else None
+    return _complete_checkpoint([r["name"] for r in names], version)
+
+
+def _complete_checkpoint(names: list[str], version: int) -> tuple[int, str | None] | None:
+    """The newest complete checkpoint at or below ``version`` among the log's file names: a classic
+    one (``<v>.checkpoint.parquet``), a V2 one (``<v>.checkpoint.<uuid>.json|parquet``, its name
+    returned), or a multi-part one with all its parts (``<v>.checkpoint.<i>.<n>.parquet``); a
+    multi-part checkpoint still being written is passed over, as Delta passes it over."""
+    found: dict[int, str | None] = {}
+    parts: dict[tuple[int, int], set[int]] = {}
+    for name in names:
+        pieces = name.split(".")
+        if len(pieces) < 3 or not pieces[0].isdigit() or pieces[1] != "checkpoint":
+            continue
+        at = int(pieces[0])
+        if at > version:
+            continue
+        if pieces[2:] == ["parquet"]:
+            found.setdefault(at, None)
+        elif len(pieces) == 5 and pieces[2].isdigit() and pieces[3].isdigit() and pieces[4] == "parquet":
+            parts.setdefault((at, int(pieces[3])), set()).add(int(pieces[2]))
+        elif len(pieces) == 4 and pieces[3] in ("json", "parquet"):
+            found[at] = name
+    for (at, total), seen in parts.items():
+        if seen == set(range(1, total + 1)):
+            found.setdefault(at, None)
+    if not found:
+        return None
+    newest = max(found)
+    return newest, found[newest]
 
 
 def _txn_from(

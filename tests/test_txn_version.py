@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from materializer.delta import TableRef, read_txn_without_spark, table_state, table_version, txn_version
+from materializer.delta import TableRef, _complete_checkpoint, read_txn_without_spark, table_state, table_version, txn_version
 from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
@@ -118,3 +118,24 @@ def test_delta_rs_and_the_spark_log_reader_agree_across_checkpoints(spark: Any, 
 def test_no_table_records_nothing(session: Any, tmp_path: Path) -> None:
     state = table_state(session, TableRef(str(tmp_path / "none")), "p")
     assert (state.exists, state.version, state.txn_version) == (False, None, None)
+
+
+def test_the_newest_complete_checkpoint_is_found_by_its_file_names() -> None:
+    """Spark cannot read ``_last_checkpoint`` (its file sources skip names starting with "_"), so
+    the reader lists the checkpoints: a multi-part one missing a part is passed over (still being
+    written), a V2 one is named so its JSON can be read, none past the version asked for."""
+    v = lambda n: f"{n:020d}"  # noqa: E731
+    names = [
+        f"{v(10)}.checkpoint.parquet",
+        f"{v(20)}.checkpoint.0000000001.0000000002.parquet",
+        f"{v(20)}.checkpoint.0000000002.0000000002.parquet",
+        f"{v(30)}.checkpoint.0000000001.0000000003.parquet",  # 2 of 3 parts missing
+        f"{v(25)}.json",
+        "_last_checkpoint",
+    ]
+    assert _complete_checkpoint(names, 40) == (20, None)
+    assert _complete_checkpoint(names, 19) == (10, None)
+    assert _complete_checkpoint(names, 9) is None
+    uuid_json = f"{v(40)}.checkpoint.80a083e8-7026-4e79-81be-64bd76c43a11.json"
+    assert _complete_checkpoint(names + [uuid_json], 40) == (40, uuid_json)
+    assert _complete_checkpoint(names + [uuid_json], 39) == (20, None)
