@@ -39,6 +39,9 @@ def drill(
     sources into a scratch copy under --workdir. Exit 0: pass; 1: a discrepancy; 3: some table has no
     oracle yet ("not verified").
     """
+    from materializer.extras import require
+
+    require("rich", purpose="`materializer drill`'s progress display")
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

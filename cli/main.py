@@ -24,6 +24,9 @@ app = typer.Typer(
 
 ConfigOption = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML).")
 MasterOption = typer.Option(None, "--master", help="Spark master, e.g. spark://host:7077 (default: the config's, local[*]).")
+RemoteOption = typer.Option(
+    None, "--remote", help="Spark Connect server, e.g. sc://host:15002 (default: the config's spark.remote, if any)."
+)
 
 
 _options = {"verbose": False}
@@ -74,12 +77,15 @@ def _uses_kafka(config: Any) -> bool:
     return any(b.source.format == "kafka" for b in config.bindings)
 
 
-def _session(config: Any, master: str | None):  # type: ignore[no-untyped-def]
-    from materializer.spark import build_session
+def _session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
+    from materializer.spark import session_for
 
-    return build_session(
+    # --master picks a classic master over the config's remote; --remote a server over both.
+    remote = remote or (None if master else config.spark.remote)
+    return session_for(
         master or config.spark.master,
         dict(config.spark.conf),
+        remote=remote,
         s3=_uses_s3(config),
         kafka=_uses_kafka(config),
         verbose=_options["verbose"],
@@ -162,6 +168,7 @@ def _push(metrics: Any, gateway: str) -> None:
 def run(
     config: Path = ConfigOption,
     master: Optional[str] = MasterOption,
+    remote: Optional[str] = RemoteOption,
     follow: bool = typer.Option(False, "--follow", help="Keep polling the sources for new files."),
     max_epochs: Optional[int] = typer.Option(None, "--max-epochs", help="Stop after this many new epochs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
@@ -199,7 +206,7 @@ def run(
         if metrics is not None:
             sinks.append(metrics)
         collector = Tee(*sinks)
-        spark = _session(cfg, master)
+        spark = _session(cfg, master, remote)
         stop = {"requested": False}
 
         def request_stop(signum: int, _frame: Any) -> None:
@@ -253,6 +260,7 @@ def run(
 def status(
     config: Path = ConfigOption,
     json_out: bool = typer.Option(False, "--json", help="Print as JSON."),
+    remote: Optional[str] = RemoteOption,
 ) -> None:
     """Show the last committed epoch, what each table records, and staged files pending."""
     try:
@@ -263,7 +271,7 @@ def status(
         started: list[Any] = []
 
         def start_spark() -> Any:
-            started.append(_session(cfg, None))
+            started.append(_session(cfg, None, remote))
             return started[0]
 
         try:

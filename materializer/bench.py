@@ -152,7 +152,9 @@ class MemorySampler:
     """
 
     def __init__(self, interval: float = 0.2) -> None:
-        import psutil
+        from materializer.extras import require
+
+        psutil = require("psutil", purpose="the benchmark's memory sampler")
 
         self._psutil = psutil
         self._me = psutil.Process()
@@ -1037,7 +1039,9 @@ def warmup(spark: "SparkSession", work: Path, options: BenchOptions) -> float:
 
 
 def machine() -> dict[str, Any]:
-    import psutil
+    from materializer.extras import require
+
+    psutil = require("psutil", purpose="the benchmark's machine description")
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -1176,16 +1180,21 @@ def fixed_costs(c: dict[str, Any]) -> list[float | None]:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
+    from materializer.extras import require
+
+    require("matplotlib", purpose="the benchmark's chart")
+    fig = chart_figure(report)
     import matplotlib.pyplot as plt
 
-    fig = chart_figure(report)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def chart_figure(report: dict[str, Any]) -> Any:
     """The bench's figure (matplotlib), before it is saved."""
-    import matplotlib
+    from materializer.extras import require
+
+    matplotlib = require("matplotlib", purpose="the benchmark's chart")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

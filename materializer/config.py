@@ -250,6 +250,17 @@ class SparkConfig(Model):
     """Spark master; ignored when a SparkSession already exists (Databricks)."""
     conf: dict[str, str] = Field(default_factory=dict)
     """Extra Spark configuration."""
+    remote: str | None = None
+    """A Spark Connect server to run on (``sc://host:15002``) instead of a local or cluster master;
+    ``--remote`` on the command line overrides it. Local staging and log folders must then be
+    paths the server sees too (the same machine, or a shared volume)."""
+
+    @field_validator("remote")
+    @classmethod
+    def _remote_is_connect_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("sc://"):
+            raise ValueError(f"{value!r} is not a Spark Connect URL: expected sc://host:port")
+        return value
 
 
 class PipelineConfig(Model):
@@ -274,6 +285,20 @@ class PipelineConfig(Model):
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", value):
             raise ValueError("must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return value
+
+    @model_validator(mode="after")
+    def _stores_supported(self) -> "PipelineConfig":
+        # Files the materializer itself reads or writes (not tables: Spark reaches those).
+        from materializer.storage import check_uri
+
+        try:
+            check_uri(self.recovery_log, "recovery_log")
+            check_uri(self.staging, "staging")
+            for binding in self.bindings:
+                check_uri(binding.source.path, f"bindings[{binding.name}].source.path")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None  # reported with the file's name, as every field error
+        return self
 
     @model_validator(mode="after")
     def _bindings_distinct(self) -> "PipelineConfig":

@@ -13,9 +13,11 @@ replay; we check the table's recorded txn version first, so a replay costs a Del
 no data scan.
 
 Acknowledge may run on a background thread while the runtime reads the next transaction (seed
-000's pipelining). It therefore works in a SparkSession of its own (``spark.newSession()``: same
-SparkContext, separate SQL conf), because Delta's ``txnAppId``/``txnVersion``/``userMetadata`` are
-session confs: no other Spark work can commit under the epoch's txn id while the MERGE runs.
+000's pipelining). It therefore works in a SparkSession of its own (:func:`isolated_session`:
+``newSession()`` on classic Spark, ``cloneSession()`` on Spark Connect), because Delta's
+``txnAppId``/``txnVersion``/``userMetadata`` are session confs: no other Spark work can commit
+under the epoch's txn id while the MERGE runs. Only DataFrame and SQL calls (``MERGE INTO``), so
+the same code runs on classic Spark and Spark Connect.
 Meanwhile the runtime may :meth:`DeltaDriver.prestage` the next epoch's rows of bindings that
 need no loads; nothing is read from a table before Acknowledged.
 """
@@ -35,10 +37,12 @@ from materializer.delta import (
     TXN_VERSION,
     USER_METADATA,
     TableRef,
-    delta_table,
+    detail,
     exists,
     is_commit_conflict,
     quote,
+    read_table,
+    sql_name,
     table_state,
     table_version,
     user_metadata,
@@ -125,10 +129,9 @@ class DeltaDriver(Driver):
         self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
         self._acknowledged: int | None = None
-        try:
-            self.apply_spark = spark.newSession()
-        except Exception:  # noqa: BLE001 - a session that cannot fork (Spark Connect): share it
-            self.apply_spark = spark
+        from materializer.spark import isolated_session
+
+        self.apply_spark = isolated_session(spark)
 
     # --- Open ---
 
@@ -200,7 +203,7 @@ class DeltaDriver(Driver):
             source = self._read_staged(binding, epoch, staged, state.exists)
             try:
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
-                    "mid-apply", epoch, self.spark.sparkContext, self._apply_group
+                    "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
                 ):
                     metrics = self._commit(binding, table, epoch, source, state.exists)
             except Exception as exc:  # noqa: BLE001
@@ -285,8 +288,9 @@ class DeltaDriver(Driver):
         conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
         materialize = conf.get(MATERIALIZE_SOURCE, None)
         conf.set(MATERIALIZE_SOURCE, "none")
-        context = self.spark.sparkContext
-        context.setJobGroup(self._apply_group, f"apply epoch {epoch} to {binding.table}")
+        # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
+        # did, on Spark Connect too (``interruptTag`` stops it).
+        self.apply_spark.addTag(self._apply_group)
         try:
             yield
         finally:
@@ -296,8 +300,7 @@ class DeltaDriver(Driver):
                 conf.unset(MATERIALIZE_SOURCE)
             else:
                 conf.set(MATERIALIZE_SOURCE, materialize)
-            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+            self.apply_spark.removeTag(self._apply_group)
 
     def _commit(
         self, binding: BindingConfig, table: TableRef, epoch: int, source: "DataFrame | None", table_exists: bool
@@ -310,13 +313,13 @@ class DeltaDriver(Driver):
             # Appends: delta-updates rows; the first rows of a new table; or no rows at all, which
             # still records the epoch on the table (an empty commit carrying the txn id).
             if source is None:
-                rows = self.apply_spark.createDataFrame([], delta_table(self.apply_spark, table).toDF().schema)
+                rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
             elif binding.mode == "delta_updates":
                 rows = source
             else:
                 rows = source.filter(F.col(OP) != "d").drop(OP)
             if table_exists:
-                rows = _align(rows, delta_table(self.apply_spark, table).toDF().schema, keep_extra=True)
+                rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
             from pyspark.sql import Observation
 
             # Counted as the rows are written (no second pass), for the epoch's progress record.
@@ -340,25 +343,22 @@ class DeltaDriver(Driver):
             except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
                 return {"appended": 1}
 
-        target = delta_table(self.apply_spark, table)
-        target_schema = target.toDF().schema
+        target_schema = read_table(self.apply_spark, table).schema
         aligned = _align(source, target_schema, keep_extra=True)
-        columns = [c for c in aligned.columns if c != OP]
-        condition = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in binding.key)
-        assignments = {quote(c): f"s.{quote(c)}" for c in columns}
-        merge = (
-            target.alias("t")
-            .merge(aligned.alias("s"), condition)
-            .whenMatchedDelete(condition=f"s.{quote(OP)} = 'd'")
-            .whenMatchedUpdate(set=assignments)
-            .whenNotMatchedInsert(condition=f"s.{quote(OP)} <> 'd'", values=assignments)
-        )
+        # Delta's SQL, not the Python DeltaTable API: on Spark Connect that API needs a server
+        # plugin (delta-connect) that servers, Databricks' included, need not have.
+        view = f"materializer_staged_{uuid.uuid4().hex}"
+        aligned.createOrReplaceTempView(view)
+        evolve = ""
         if _shape(aligned.drop(OP).schema) != _shape(target_schema):
             # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
             # on a 10M-row table here) even when there is nothing to evolve.
-            merge = merge.withSchemaEvolution()
-        result = merge.execute()
-        rows = result.collect() if result is not None else []
+            evolve = " WITH SCHEMA EVOLUTION"
+        merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve)
+        try:
+            rows = self.apply_spark.sql(merge).collect()
+        finally:
+            self.apply_spark.catalog.dropTempView(view)
         if not rows:
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
@@ -366,13 +366,14 @@ class DeltaDriver(Driver):
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
         """The target's schema, constraints and column mapping as they stand now (None: no table)."""
         table = TableRef(binding.table)
-        if not exists(self.spark, table):
+        # DESCRIBE DETAIL is a command: its one row comes back without a Spark job (and it says
+        # whether there is a table at all, so no separate existence check).
+        found = detail(self.spark, table)
+        if found is None:
             return None
-        dt = delta_table(self.spark, table)
-        # DESCRIBE DETAIL is a command: its one row comes back without a Spark job.
-        properties = dict(dt.detail().select("properties").collect()[0]["properties"] or {})
+        properties = dict(found.get("properties") or {})
         return _TableFacts(
-            schema=dt.toDF().schema,
+            schema=read_table(self.spark, table).schema,
             constraints={k[len(CONSTRAINT_PREFIX) :]: v for k, v in properties.items() if k.startswith(CONSTRAINT_PREFIX)},
             column_mapping=properties.get("delta.columnMapping.mode", "none") not in ("none", ""),
         )
@@ -486,18 +487,16 @@ class DeltaDriver(Driver):
             if not exists(self.spark, table):
                 continue
             keys = dataframe(request.keys)
-            current = delta_table(self.spark, table).toDF()
+            current = read_table(self.spark, table)
             rows = current.join(keys.select(*[F.col(quote(k)) for k in binding.key]).distinct(), on=binding.key, how="left_semi")
             epoch = (self._acknowledged or 0) + 1
-            context = self.spark.sparkContext
-            context.setJobGroup(self._load_group, f"load epoch {epoch} keys of {binding.name}")
+            self.spark.addTag(self._load_group)
             try:
-                with crash.crash_during_spark_job("mid-load", epoch, context, self._load_group):
+                with crash.crash_during_spark_job("mid-load", epoch, self.spark, self._load_group):
                     # Evaluated now, read-committed: the previous epoch is applied; kept on the executors.
                     rows = rows.localCheckpoint(eager=True)
             finally:
-                context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-                context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+                self.spark.removeTag(self._load_group)
             loaded.append(Loaded(binding=binding.name, rows=rows))
         self._loads = []
         return Flushed(loaded=loaded)
@@ -571,7 +570,7 @@ class DeltaDriver(Driver):
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
         df = _without_void(df)
-        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").parquet(
+        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
         rows = int(observation.get["rows"])
@@ -580,6 +579,25 @@ class DeltaDriver(Driver):
             self.staging.delete_prefix(path)
             return None
         return StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+
+
+def merge_sql(target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "") -> str:
+    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it."""
+
+    def q(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+    # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
+    updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
+    names = ", ".join(q(c) for c in columns)
+    values = ", ".join(f"s.{q(c)}" for c in columns)
+    return (
+        f"MERGE{evolve} INTO {target} t USING {q(source_view)} s ON {condition} "
+        f"WHEN MATCHED AND s.{q(OP)} = 'd' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {updates} "
+        f"WHEN NOT MATCHED AND s.{q(OP)} <> 'd' THEN INSERT ({names}) VALUES ({values})"
+    )
 
 
 def _void_as_string(dtype: Any) -> Any:

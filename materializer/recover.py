@@ -279,7 +279,7 @@ def skip_epoch(
     kept_path = f"skipped/epoch-{epoch:012d}-{binding.name}-{uuid.uuid4().hex[:8]}"
     destination = keep_to or staging.spark_path(kept_path)
     # Copied whole before the log forgets the staged file (the next Open deletes it as unreferenced).
-    spark.read.parquet(staging.spark_path(staged.uri)).write.mode("errorifexists").parquet(destination)
+    spark.read.parquet(staging.spark_path(staged.uri)).write.mode("error").parquet(destination)
     copied = spark.read.parquet(destination).count()
     if copied != staged.rows:
         raise StagingError(

@@ -233,11 +233,11 @@ def _placeholder(how: str, doc: "DataType", table: "DataType | None") -> bool:
 
 
 def _table_schema(documents: "DataFrame", binding: BindingConfig) -> "StructType | None":
-    from materializer.delta import TableRef, delta_table, exists
+    from materializer.delta import TableRef, exists, read_table
 
     spark = documents.sparkSession
     table = TableRef(binding.table)
-    return delta_table(spark, table).toDF().schema if exists(spark, table) else None
+    return read_table(spark, table).schema if exists(spark, table) else None
 
 
 def _type_message(binding: BindingConfig, name: str) -> str:

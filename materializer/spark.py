@@ -22,9 +22,43 @@ from materializer.errors import StartupError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-SPARK_VERSION = "4.2"
 SCALA_VERSION = "2.13"
-DELTA_VERSION = "4.4.0"
+# The Delta release paired with each supported Spark minor version (the pairs the README lists
+# and tests/compat.sh tests). Delta 4.0's jar has no Spark version in its name; later ones do.
+DELTA_FOR_SPARK = {
+    "4.0": ("io.delta:delta-spark_2.13", "4.0.1"),
+    "4.2": (f"io.delta:delta-spark_4.2_{SCALA_VERSION}", "4.4.0"),
+}
+DEFAULT_SPARK_VERSION = "4.2"
+
+
+def installed_spark_version() -> str:
+    """The installed pyspark's minor version (``4.2``), or the default pair's without pyspark."""
+    try:
+        from pyspark import __version__
+    except ImportError:
+        return DEFAULT_SPARK_VERSION
+    return ".".join(__version__.split(".")[:2])
+
+
+def delta_package(spark_version: str | None = None) -> str:
+    """The Maven coordinates of the Delta jar that matches the installed (or given) Spark."""
+    version = spark_version or installed_spark_version()
+    if version not in DELTA_FOR_SPARK:
+        from materializer.errors import ConfigError
+
+        supported = ", ".join(sorted(DELTA_FOR_SPARK))
+        raise ConfigError(
+            f"pyspark {version} has no tested Delta release here (supported Spark: {supported}); "
+            "install the pinned pair with `pip install 'delta-materializer[local]'`, or run on a Spark "
+            "Connect server or cluster that has Delta (--remote / --master)"
+        )
+    artifact, delta = DELTA_FOR_SPARK[version]
+    return f"{artifact}:{delta}"
+
+
+SPARK_VERSION = installed_spark_version()
+DELTA_VERSION = DELTA_FOR_SPARK.get(SPARK_VERSION, DELTA_FOR_SPARK[DEFAULT_SPARK_VERSION])[1]
 
 
 def _bundled_hadoop_version(default: str = "3.5.0") -> str:
@@ -44,7 +78,7 @@ def _bundled_hadoop_version(default: str = "3.5.0") -> str:
 # hadoop-client jars fails at run time with NoSuchMethodError / ClassNotFoundException. pyspark
 # 4.2.0 ships Hadoop 3.5.0, whose hadoop-aws pulls the AWS SDK v2 bundle (~690 MB, cached once).
 HADOOP_AWS_VERSION = _bundled_hadoop_version()
-DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_VERSION}_{SCALA_VERSION}:{DELTA_VERSION}"
+DELTA_PACKAGE = f"{DELTA_FOR_SPARK.get(SPARK_VERSION, DELTA_FOR_SPARK[DEFAULT_SPARK_VERSION])[0]}:{DELTA_VERSION}"
 HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}"
 
 # --- Kafka (issue 17): the connector's jars when a binding reads a topic --------------------------
@@ -198,7 +232,7 @@ def session_jars(
 
     from materializer.jars import shipped_modules
 
-    packages = [DELTA_PACKAGE] + ([HADOOP_AWS_PACKAGE] if s3 else [])
+    packages = [delta_package()] + ([HADOOP_AWS_PACKAGE] if s3 else [])
     jars = resolve(packages, ivy_cache(), java=java, verbose=verbose, report=report).jars
     if kafka:
         # The connector is a Spark module itself: resolved leaving out only what pyspark ships and
@@ -362,6 +396,109 @@ def _startup_failure(output: str) -> StartupError:
         f"PATH is a complete Java {MIN_JAVA} or 21 installation and that the options in the config's spark.conf "
         "are valid; `materializer -v …` shows Spark's own log. Nothing was started."
     )
+
+
+def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSession":
+    """A Spark Connect session to ``url`` (``sc://host:port``); the server brings Delta.
+
+    Only SQL settings can be given to a Connect session (the server's own settings are fixed
+    when it starts), so ``conf`` keys other than ``spark.sql.*`` / ``spark.databricks.*`` are
+    refused rather than silently ignored.
+    """
+    from materializer.errors import ConfigError
+
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError as exc:
+        raise ConfigError(
+            f"--remote {url}: the Spark Connect client is not installed ({exc}); "
+            "install it with `pip install 'delta-materializer[connect]'`"
+        ) from None
+    fixed = sorted(k for k in (conf or {}) if not k.startswith(("spark.sql.", "spark.databricks.")))
+    if fixed:
+        raise ConfigError(
+            f"spark.conf {fixed} cannot be set from a Spark Connect client: set them where the "
+            f"server at {url} is started"
+        )
+    # As pyspark's own builder does for a remote session: from now on this process is in Connect
+    # mode, so ``functions.col`` & co. build Connect columns (classic ones need a local JVM).
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = ConnectSession.builder.remote(url).getOrCreate()
+    _close_at_exit(session)
+    for key, value in (conf or {}).items():
+        session.conf.set(key, value)
+    return session
+
+
+def _close_at_exit(session: "SparkSession") -> "SparkSession":
+    """Release a Connect session (and close its gRPC channel) when the process exits normally.
+
+    Left to ``SparkSession.__del__`` during interpreter shutdown, closing the channel can wait
+    forever in gRPC (measured: ``materializer run --remote`` finished its work, then never exited).
+    """
+    import atexit
+
+    def close() -> None:
+        try:
+            session.stop()
+        except Exception:  # noqa: BLE001 - a clone lacks some of stop()'s attributes: close it directly
+            try:
+                session.client.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+
+    atexit.register(close)
+    return session
+
+
+def session_for(
+    master: str,
+    conf: dict[str, str] | None = None,
+    *,
+    remote: str | None = None,
+    s3: bool = False,
+    kafka: bool = False,
+    verbose: bool = False,
+    report: "Callable[[str], None] | None" = None,
+) -> "SparkSession":
+    """The run's session: a Spark Connect one when ``remote`` is given, else :func:`build_session`.
+
+    On Spark Connect the server brings its jars (Delta, hadoop-aws, the Kafka connector): none are
+    resolved here, and ``s3``/``kafka``/``report`` only matter for a local JVM.
+    """
+    if remote:
+        return remote_session(remote, conf)
+    return build_session(master, conf, s3=s3, kafka=kafka, verbose=verbose, report=report)
+
+
+def is_connect(spark: "SparkSession") -> bool:
+    """Is ``spark`` a Spark Connect session (Databricks serverless / standard access mode)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def isolated_session(spark: "SparkSession") -> "SparkSession":
+    """A session sharing ``spark``'s cluster but not its SQL settings, for the session-wide txn confs.
+
+    Classic: ``newSession()`` (same SparkContext, its own SQL conf). Spark Connect has no
+    ``newSession`` (it raises ``JVM_ATTRIBUTE_NOT_SUPPORTED``): ``cloneSession()`` (pyspark 4.1+)
+    makes a server-side copy over the same connection and credentials. Where neither exists
+    (pyspark 4.0's Connect client) the session is shared; that is still safe for our own work,
+    because nothing else we run commits to Delta while the txn confs are set (prestaging writes
+    plain Parquet, loads only read), but another program's Delta writes in that same session
+    would carry our txn id: give the job a session of its own there.
+    """
+    if not is_connect(spark):
+        return spark.newSession()
+    clone = getattr(spark, "cloneSession", None)
+    if clone is not None:
+        try:
+            # The server creates a session at its first request, and cannot clone one it has not
+            # seen (SESSION_NOT_FOUND): make sure it has.
+            spark.conf.get("spark.sql.session.timeZone")
+            return _close_at_exit(clone())
+        except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
+            pass
+    return spark
 
 
 # s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session

@@ -28,7 +28,8 @@ def wheel_task() -> dict[str, Any]:
     bundle = yaml.safe_load((REPO / "conf" / "databricks.yml").read_text())
     variables = {name: spec.get("default") for name, spec in bundle.get("variables", {}).items()}
     tasks = [task for job in bundle["resources"]["jobs"].values() for task in job["tasks"] if "python_wheel_task" in task]
-    assert len(tasks) == 1
+    # One task per job (classic job cluster, serverless): the same wheel task in both.
+    assert tasks and all(t["python_wheel_task"] == tasks[0]["python_wheel_task"] for t in tasks)
     task = dict(tasks[0]["python_wheel_task"])
     # ${var.x} as the bundle resolves it at deploy time (the defaults: no target overrides them)
     task["parameters"] = [re.sub(r"\$\{var\.(\w+)\}", lambda m: str(variables[m.group(1)]), p) for p in task["parameters"]]

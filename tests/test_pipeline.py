@@ -79,7 +79,8 @@ def test_reapplying_an_applied_epoch_is_skipped_by_delta(spark: Any, tmp_path: P
     # Force the MERGE itself (not our pre-check) to meet the txn id: Delta must skip it.
     staged = entry.driver_checkpoint.staged["items"]
     assert staged is not None
-    source = spark.createDataFrame([(999, "x", "u")], "id long, name string, _op string")
+    # On the apply session: the MERGE reads its source as a temp view of that session.
+    source = runtime.driver.apply_spark.createDataFrame([(999, "x", "u")], "id long, name string, _op string")
     with runtime.driver._txn(config.bindings[0], entry.epoch):
         metrics = runtime.driver._commit(config.bindings[0], table, entry.epoch, source, True)
     assert metrics is None

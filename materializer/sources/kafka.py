@@ -212,7 +212,7 @@ class Offsets:
             from confluent_kafka.admin import AdminClient
         except ImportError:
             raise ConfigError(
-                "the kafka source looks offsets up with confluent-kafka: pip install 'materializer[kafka]' "
+                "the kafka source looks offsets up with confluent-kafka: pip install 'delta-materializer[kafka]' "
                 "(or confluent-kafka)"
             ) from None
         self.where = where

@@ -8,6 +8,7 @@ writers never commit the same recovery-log sequence number.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
@@ -86,12 +87,59 @@ def is_s3(uri: str) -> bool:
     return uri.startswith(("s3://", "s3a://"))
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_VOLUME_URI = "dbfs:/Volumes/"
+
+
+def local_path(uri: str) -> str | None:
+    """The local (or FUSE-mounted) path ``uri`` names, or None if it is not a local one.
+
+    Local: a plain path (absolute, relative, ``~``), ``file:///abs`` or ``file:/abs``, and
+    Databricks volumes as ``/Volumes/…`` or ``dbfs:/Volumes/…`` (the same folder, which Python sees
+    through the volume's FUSE mount and Spark by the same path).
+    """
+    if uri.startswith(_VOLUME_URI):
+        return uri[len("dbfs:") :]
+    if uri.startswith("file:"):
+        rest = uri[len("file:") :]
+        if rest.startswith("///") or (rest.startswith("/") and not rest.startswith("//")):
+            return "/" + rest.lstrip("/")
+        return None  # file://host/… or file:relative: not a path on this machine
+    if _SCHEME.match(uri) and not re.match(r"^[A-Za-z]:[\\/]", uri):
+        return None
+    return uri
+
+
+def check_uri(uri: str, what: str) -> None:
+    """Refuse a store URI whose scheme has no store yet, before anything runs.
+
+    Without this, ``abfss://c@a/log`` would be taken as a relative local folder named after the
+    URI, and a recovery log "on Azure" would live on the driver's disk (and die with it).
+    """
+    if is_s3(uri) or local_path(uri) is not None:
+        return
+    from materializer.errors import ConfigError
+
+    scheme = _SCHEME.match(uri)
+    if uri.startswith("dbfs:"):
+        hint = "the DBFS root is not supported: use a volume (/Volumes/<catalog>/<schema>/<volume>/…) or s3://"
+    elif uri.startswith("file:"):
+        hint = "a file: URI must name an absolute path on this machine (file:///abs/path)"
+    else:
+        hint = f"{scheme.group(1) if scheme else uri}:// stores are not supported yet: use a local folder, a volume (/Volumes/…) or s3://"
+    raise ConfigError(f"{what} {uri!r}: {hint}")
+
+
 def open_store(uri: str) -> Store:
-    """The store for ``uri``: ``s3://bucket/prefix`` (or ``s3a://``) or a local folder."""
+    """The store for ``uri``: ``s3://bucket/prefix`` (or ``s3a://``), or a local (volume) folder.
+
+    Any other scheme is refused (:func:`check_uri`), never taken for a local folder's name.
+    """
+    check_uri(uri, "store")
     if is_s3(uri):
         from materializer.storage.s3 import S3Store
 
         return S3Store(uri)
     from materializer.storage.local import LocalStore
 
-    return LocalStore(uri)
+    return LocalStore(local_path(uri) or uri)

@@ -1,0 +1,164 @@
+"""The pipeline on a real Spark Connect server (tests/connect_server.py), as on Databricks.
+
+Spark Connect is what Databricks serverless jobs and standard-access clusters give a Python
+program: no ``sparkContext``, no ``newSession``, no JVM in the client. The same scenarios as the
+classic tests (standard and delta-updates modes, replays skipped, reductions with loads) run here
+in-process on a Connect session, and one real SIGKILL inside the MERGE of a ``--remote`` CLI run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.config import load_config
+from materializer.delta import TXN_APP_ID, TableRef, history, table_state
+from materializer.progress import ListCollector
+from materializer.runtime import Runtime
+from tests.collections import delta_updates_rows, generate, standard_state
+from tests.connect_server import ConnectServer, _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
+from tests.helpers import REPO, binding, run_cli, table_rows, write_config, write_jsonl
+
+pytestmark = [pytest.mark.spark, pytest.mark.connect]
+
+
+def epochs(spark: Any, table: Path) -> list[int]:
+    return [h["tag"]["epoch"] for h in history(spark, TableRef(str(table))) if h["tag"]]
+
+
+def test_the_session_is_a_connect_one_and_the_code_never_reaches_for_the_jvm(connect_spark: Any) -> None:
+    from materializer.spark import is_connect
+
+    assert is_connect(connect_spark)
+    with pytest.raises(Exception, match="JVM_ATTRIBUTE_NOT_SUPPORTED|not supported"):
+        connect_spark.sparkContext  # noqa: B018 - what the old code called on every apply
+    offenders = []
+    for path in sorted((REPO / "materializer").rglob("*.py")):
+        if path.name in ("bench.py", "drill.py"):
+            continue  # tools; their classic-only extras are guarded
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"\bsparkContext\b|_jdt|\._jvm\b|py4j|delta\.tables|newSession\(\)", code) and "``" not in line:
+                offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    # isolated_session's newSession() is the classic branch, behind is_connect.
+    assert [o for o in offenders if "spark.newSession()" not in o] == []
+
+
+def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(connect_spark: Any, tmp_path: Path) -> None:
+    spark = connect_spark
+    events = ListCollector()
+    docs = generate(tmp_path / "src", seed=1, documents=90, keys=20, files=3)
+    config = load_config(
+        write_config(
+            tmp_path,
+            [
+                # One file per epoch: the documents source takes whole files (30 documents each).
+                binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1),
+                binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates", max_files=1),
+            ],
+            max_documents=30,
+        )
+    )
+    runtime = Runtime(config, spark, events)
+    # cloneSession (pyspark 4.1+): the txn confs live apart; pyspark 4.0's client shares the session.
+    assert (runtime.driver.apply_spark is not spark) == hasattr(spark, "cloneSession")
+    summary = runtime.run()
+    assert summary.last_epoch == 3
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
+    appended = spark.read.format("delta").load(str(tmp_path / "tables" / "items_log")).collect()
+    assert sorted(((r["id"], r["seq"], r["_op"]) for r in appended), key=repr) == delta_updates_rows(docs, 30)
+    for table in ("items", "items_log"):
+        assert epochs(spark, tmp_path / "tables" / table) == [1, 2, 3]
+        assert table_state(spark, TableRef(str(tmp_path / "tables" / table)), config.pipeline_id).txn_version == 3
+    assert [e["status"] for e in events.named("applied")] == ["applied"] * 6
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+    # A second run re-applies the last epoch: found recorded, skipped, no new Delta version.
+    version = table_state(spark, TableRef(str(tmp_path / "tables" / "items")), config.pipeline_id).version
+    again = Runtime(config, spark).run()
+    assert again.epochs == [] and again.reapplied is not None
+    assert [r.status for r in again.reapplied.results] == ["skipped", "skipped"]
+    assert table_state(spark, TableRef(str(tmp_path / "tables" / "items")), config.pipeline_id).version == version
+
+
+def test_a_forced_replay_merge_is_skipped_by_delta_and_the_txn_confs_stay_in_the_apply_session(
+    connect_spark: Any, tmp_path: Path
+) -> None:
+    from materializer.protocol import Acknowledge
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    spark = connect_spark
+    generate(tmp_path / "src", seed=4, documents=30, keys=10, files=1)
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")], max_documents=30))
+    runtime = Runtime(config, spark)
+    runtime.run()
+    entry = RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read().last_commit
+    assert entry is not None and entry.driver_checkpoint is not None
+    table = TableRef(str(tmp_path / "tables" / "items"))
+    version = table_state(spark, table, config.pipeline_id).version
+    driver = runtime.driver
+    source = driver.apply_spark.createDataFrame([(999, "x", "u")], "id long, name string, _op string")
+    with driver._txn(config.bindings[0], entry.epoch):
+        # Set on the apply session only: other work on the main session commits under no txn id.
+        assert driver.apply_spark.conf.get(TXN_APP_ID) == config.pipeline_id
+        if hasattr(spark, "cloneSession"):
+            assert spark.conf.get(TXN_APP_ID, None) is None
+        assert driver._commit(config.bindings[0], table, entry.epoch, source, True) is None  # Delta skipped it
+    result = driver.acknowledge(Acknowledge(epoch=entry.epoch, driver_checkpoint=entry.driver_checkpoint))
+    assert [r.status for r in result.results] == ["skipped"]
+    assert table_state(spark, table, config.pipeline_id).version == version
+    assert (999,) not in table_rows(spark, tmp_path / "tables" / "items", ["id"])
+
+
+def test_reductions_with_loads(connect_spark: Any, tmp_path: Path) -> None:
+    spark = connect_spark
+    docs = [{"counter": f"c{i % 3}", "n": i, "hits": 1} for i in range(12)]
+    for part in range(3):  # one file per epoch (the documents source takes whole files)
+        write_jsonl(tmp_path / "src" / f"counters-{part}.jsonl", docs[4 * part : 4 * part + 4])
+    rules = {"n": "sum", "hits": "sum"}
+    events = ListCollector()
+    config = load_config(
+        write_config(tmp_path, [binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules, max_files=1)], max_documents=4)
+    )
+    Runtime(config, spark, events).run()
+    assert len(events.named("load")) >= 2  # epochs 2 and 3 load the current sums
+    rows = {r["counter"]: (r["n"], r["hits"]) for r in spark.read.format("delta").load(str(tmp_path / "counters")).collect()}
+    expected: dict[str, tuple[int, int]] = {}
+    for d in docs:
+        n, hits = expected.get(d["counter"], (0, 0))
+        expected[d["counter"]] = (n + d["n"], hits + 1)
+    assert rows == expected
+    assert epochs(spark, tmp_path / "counters") == [1, 2, 3]
+
+
+@pytest.mark.crash
+def test_cli_on_connect_killed_mid_merge_restarts_to_the_oracle(
+    connect_server: ConnectServer, connect_spark: Any, tmp_path: Path
+) -> None:
+    """A real SIGKILL of ``materializer run --remote`` while the server runs the MERGE of epoch 2."""
+    spark = connect_spark
+    docs = generate(tmp_path / "src", seed=11, documents=60, keys=20, files=3)
+    config = write_config(
+        tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1)], max_documents=20
+    )
+    table = TableRef(str(tmp_path / "tables" / "items"))
+    killed = run_cli("run", "--config", str(config), "--remote", connect_server.url, env={"MATERIALIZER_CRASH_AT": "mid-apply:2"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    # Killed inside the MERGE: its data files were being written, nothing was committed.
+    assert table_state(spark, table, "test-pipeline").txn_version == 1
+    assert epochs(spark, tmp_path / "tables" / "items") == [1]
+    written = {p for p in (tmp_path / "tables" / "items").glob("*.parquet")}
+    assert written, "no data files at all"
+
+    final = run_cli("run", "--config", str(config), "--remote", connect_server.url, "--json")
+    assert final.returncode == 0, final.stderr[-3000:]
+    summary = json.loads(final.stdout)
+    assert summary["opened_at_epoch"] == 2 and summary["last_epoch"] == 3
+    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
+    assert epochs(spark, tmp_path / "tables" / "items") == [1, 2, 3]  # epoch 2 applied once, by the restart
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
