@@ -295,7 +295,8 @@ class PipelineConfig(Model):
             check_uri(self.recovery_log, "recovery_log")
             check_uri(self.staging, "staging")
             for binding in self.bindings:
-                check_uri(binding.source.path, f"bindings[{binding.name}].source.path")
+                if binding.source.path is not None:  # a kafka source has no path
+                    check_uri(binding.source.path, f"bindings[{binding.name}].source.path")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None  # reported with the file's name, as every field error
         return self

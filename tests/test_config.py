@@ -158,3 +158,16 @@ def test_each_pipeline_stages_in_its_own_area(tmp_path: Path) -> None:
     one = load_config(write(tmp_path, dict(GOOD, staging="shared/")))
     other = load_config(write(tmp_path, dict(GOOD, staging="shared", pipeline_id="other")))
     assert one.staging_root == "shared/orders-to-delta" and other.staging_root == "shared/other"
+
+
+def test_a_kafka_binding_has_no_path_to_check_for_its_store_scheme() -> None:
+    """The store-scheme check (issue #13) looked at every binding's source.path; a kafka source has none."""
+    config = parse_config(
+        {
+            "pipeline_id": "p", "recovery_log": "log", "staging": "staging",
+            "bindings": [{"name": "orders", "table": "t", "key": ["id"],
+                          "source": {"format": "kafka", "bootstrap_servers": "127.0.0.1:9092", "topic": "orders"}}],
+        },
+        "test",
+    )
+    assert config.bindings[0].source.path is None
