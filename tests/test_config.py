@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from materializer.config import load_config
+from materializer.config import load_config, parse_config
 from materializer.errors import ConfigError
 from tests.helpers import REPO, run_cli
 
