@@ -79,10 +79,9 @@ def table_identity(spark: "SparkSession", table: TableRef) -> str:
     """
     if table.is_path:
         return normalise_location(table.location)
-    if exists(spark, table):
-        row = spark.sql(f"DESCRIBE DETAIL {table.location}").select("location").collect()[0]
-        if row["location"]:
-            return normalise_location(str(row["location"]))
+    found = detail(spark, table)
+    if found is not None and found.get("location"):
+        return normalise_location(str(found["location"]))
     parts = table.location.strip().lower().split(".")
     if len(parts) < 3:
         current = [spark.catalog.currentCatalog().lower(), spark.catalog.currentDatabase().lower()]
@@ -466,7 +465,12 @@ def table_location(spark: "SparkSession", table: TableRef) -> str:
     """The folder of the table's files (a catalog table's via DESCRIBE DETAIL)."""
     if table.is_path:
         return table.location
-    return str(spark.sql(f"DESCRIBE DETAIL {table.location}").select("location").collect()[0]["location"])
+    from materializer.errors import TableStateError
+
+    found = detail(spark, table)
+    if found is None:
+        raise TableStateError(f"table {table.location} does not exist (or is not a Delta table): nothing was written")
+    return str(found["location"])
 
 
 def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
