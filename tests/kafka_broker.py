@@ -142,7 +142,8 @@ class Broker:
         )
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         formatted = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)),
+            # --cluster-id=…: an id starting with "-" (1 in 64 of them) is an option to argparse otherwise.
+            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(properties)),
             capture_output=True, text=True, timeout=300,
         )
         if formatted.returncode != 0:
