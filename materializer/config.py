@@ -75,8 +75,8 @@ class SourceConfig(Model):
     (Spark's maxOffsetsPerTrigger); default ``transaction.max_documents``."""
     payload: Literal["documents", "debezium", "cdcv2"] = "documents"
     """kafka: what a record's value holds: ``documents`` (a JSON document, as the documents source
-    reads), ``debezium`` (a Debezium change event, JSON, with or without its schema envelope);
-    ``cdcv2`` is not built yet."""
+    reads), ``debezium`` (a Debezium change event, JSON, with or without its schema envelope),
+    ``cdcv2`` (one CDC v2 statement, as a line of the cdcv2 format's files)."""
     key_from: Literal["value", "message"] = "value"
     """kafka, documents payload: where the key fields are. ``value``: in the document. ``message``: in
     the record's key, a JSON object of the key fields (``{"id": 17}``, as Kafka Connect's JSON
@@ -137,10 +137,10 @@ class SourceConfig(Model):
         names = self.topic_names
         if len(set(names)) != len(names) or any(not n for n in names):
             raise ValueError(f"topics must be distinct, non-empty names: {names}")
-        if self.payload == "cdcv2":
+        if self.payload == "cdcv2" and self.max_records is not None:
             raise ValueError(
-                "payload cdcv2 is not built yet for kafka: write the CDC v2 statements to files and use format cdcv2, "
-                "or use payload documents / debezium"
+                "max_records is not for payload cdcv2: an epoch reads every statement still needed (a time's "
+                "statements may be anywhere in the topic) and takes whole complete times up to transaction.max_documents"
             )
         if self.key_from == "message" and self.payload != "documents":
             raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")

@@ -71,6 +71,10 @@ def open_source(binding: BindingConfig, spool: Store) -> Source:
         from materializer.sources.cdcv2 import CdcV2Source
 
         return CdcV2Source(binding, spool)
+    if binding.source.format == "kafka" and binding.source.payload == "cdcv2":
+        from materializer.sources.kafka_cdcv2 import KafkaCdcV2Source
+
+        return KafkaCdcV2Source(binding, spool)
     if binding.source.format == "kafka":
         from materializer.sources.kafka import KafkaSource
 

@@ -35,6 +35,7 @@ import bisect
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import unquote
@@ -345,6 +346,11 @@ class CdcV2Source(Source):
         # The last reading of the files, kept across the epochs of one run (see _scan_for).
         self._scan: _Scan | None = None
 
+    @property
+    def label(self) -> str:
+        """The input named in messages: the folder (a topic's address for kafka's cdcv2 payload)."""
+        return str(self.binding.source.path)
+
     # --- files ---
 
     def _store(self) -> Store:
@@ -389,7 +395,7 @@ class CdcV2Source(Source):
         message = problem.message.format(*names)
         where = located[0] if located else None
         return SourceError(
-            f"{self.binding.source.path}: corrupt CDC v2 input at time {problem.time}: {message}. "
+            f"{self.label}: corrupt CDC v2 input at time {problem.time}: {message}. "
             f"Binding {self.binding.name!r} stands at frontier {(checkpoint or {}).get('frontier', START)}: "
             f"the complete times before it are in the table, nothing at or after it is. {_FIX}",
             file=where.file if where else None,
@@ -398,17 +404,24 @@ class CdcV2Source(Source):
 
     # --- reading ---
 
+    def _lines(self, spark: "SparkSession", listing: tuple[tuple[str, int], ...]) -> "DataFrame":
+        """The statements' text (``value``) and where each is (``file``), blank lines left out. The
+        seam kafka's cdcv2 payload feeds records through (``file`` then names topic, partition and offset)."""
+        from pyspark.sql import functions as F
+
+        store = self._store()
+        return (
+            spark.read.text([store.spark_path(n) for n, _ in listing])
+            .select(F.col("value"), F.col("_metadata.file_path").alias("file"))
+            .where(F.trim("value") != "")
+        )
+
     def _read(self, spark: "SparkSession", listing: tuple[tuple[str, int], ...], frontier: int) -> _Scan:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        store = self._store()
         names = [name for name, _ in listing]
-        lines = (
-            spark.read.text([store.spark_path(n) for n in names])
-            .select(F.col("value"), F.col("_metadata.file_path").alias("file"))
-            .where(F.trim("value") != "")
-        )
+        lines = self._lines(spark, listing)
         v = F.try_parse_json("value")
         fields = F.map_keys(F.try_variant_get(v, "$", "map<string,variant>"))
         updates_arr = F.try_variant_get(v, "$.updates", "array<variant>")
@@ -576,6 +589,12 @@ class CdcV2Source(Source):
         limit = tracking.complete
         if problems:
             limit = problems[0].time if limit is None else min(limit, problems[0].time)
+        if until is not None and until.get("frontier", START) is not None:
+            # recover: exactly the committed epoch's times, whatever arrived since (its times were
+            # complete then, so they are now: the epoch ends where the log says it did).
+            cap = int(until.get("frontier", START))
+            limit = cap if limit is None else min(limit, cap)
+            max_documents = sys.maxsize
         plan = plan_epoch(frontier, limit, received, max_documents)
         if plan is None:
             if problems:
@@ -586,7 +605,7 @@ class CdcV2Source(Source):
                 log.warning(
                     "%s: waiting at frontier %s: no progress statement starts at or before it (the earliest "
                     "starts at %s); CDC v2 progress starts at time %s",
-                    self.binding.source.path, frontier, min(p.lower for p in scan.progress), START,
+                    self.label, frontier, min(p.lower for p in scan.progress), START,
                 )
             return None
 
@@ -636,7 +655,7 @@ class CdcV2Source(Source):
             checkpoint={"frontier": end},
             count=plan.count,
             description=(
-                f"{_span(first, last)} of {self.binding.source.path}, "
+                f"{_span(first, last)} of {self.label}, "
                 f"frontier {frontier} -> {'end' if end is None else end}"
             ),
         )
