@@ -99,7 +99,6 @@ def test_kafka_settings_are_checked_before_anything_starts() -> None:
         (_source(format="kafka", bootstrap_servers="h", topic="a", options={"startingOffsets": "earliest"}), "sets this itself"),
         (_source(format="kafka", bootstrap_servers="h", topic="a", starting="newest"), "starting must be"),
         (_source(format="kafka", bootstrap_servers="h", topic="a", starting={"b": {"0": 1}}), "not one of the source's topics"),
-        (_source(format="kafka", bootstrap_servers="h", topic="a", payload="cdcv2"), "cdcv2 is not built yet"),
         (_source(format="kafka", bootstrap_servers="h", topic="a", max_files=3), "only for the documents format"),
         (_source(format="documents"), "path is required"),
     ]
