@@ -57,8 +57,10 @@ class SourceConfig(Model):
     """documents only: most files one epoch takes (Auto Loader's maxFilesPerTrigger). An epoch is a
     set of whole files in file-name order, at least one."""
     max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
-    """documents only: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
-    taken whole. 512 MiB holds a million documents of up to ~500 bytes."""
+    """documents: most bytes one epoch takes (maxBytesPerTrigger); a single larger file is still
+    taken whole. 512 MiB holds a million documents of up to ~500 bytes. kafka (only when given: it
+    costs a pass over the records): most bytes of keys and values one epoch takes, shared among the
+    partitions like ``max_records``; at least one record."""
     bootstrap_servers: str | None = None
     """kafka: the brokers, ``host:9092[,host2:9092]`` (Spark's ``kafka.bootstrap.servers``)."""
     topic: str | None = None
@@ -98,6 +100,11 @@ class SourceConfig(Model):
         return self.schema_
 
     @property
+    def kafka_max_bytes(self) -> int | None:
+        """kafka: the byte bound per epoch, if one was given (the default is the documents format's)."""
+        return self.max_bytes if "max_bytes" in self.model_fields_set else None
+
+    @property
     def topic_names(self) -> list[str]:
         """kafka: the topics read, in order."""
         return [self.topic] if self.topic is not None else list(self.topics or [])
@@ -108,12 +115,13 @@ class SourceConfig(Model):
         if self.schema_ is not None and not documents_like:
             raise ValueError("schema is only for documents (the documents format, or kafka's documents payload)")
         defaults = SourceConfig.model_fields
-        if self.format != "documents" and (
-            self.max_files != defaults["max_files"].default or self.max_bytes != defaults["max_bytes"].default
+        byte_bound = self.format == "documents" or (self.format == "kafka" and self.payload != "cdcv2")
+        if (self.format != "documents" and self.max_files != defaults["max_files"].default) or (
+            not byte_bound and self.max_bytes != defaults["max_bytes"].default
         ):
             raise ValueError(
-                "max_files and max_bytes are only for the documents format (cdcv2 uses transaction.max_documents, "
-                "kafka max_records)"
+                "max_files is only for the documents format, max_bytes for documents and kafka (cdcv2 and kafka's "
+                "cdcv2 payload take whole complete times, up to transaction.max_documents)"
             )
         if self.schema_ is not None and not self.schema_.strip():
             raise ValueError("schema is empty: give the documents' fields as Spark DDL, or leave it out")

@@ -3,7 +3,8 @@
 Offsets are the runtime checkpoint. The driver asks the brokers for each partition's earliest and
 latest offsets (a Python admin client: metadata only, no records), decides the epoch's range per
 partition, ``[from, to)``, bounded by ``max_records`` (shared among partitions in proportion to
-their backlog), and records it in the checkpoint that is committed to the recovery log with the
+their backlog) and, if given, ``max_bytes`` (keys and values; Spark reads the range's sizes
+first, since offsets say nothing of them), and records it in the checkpoint that is committed to the recovery log with the
 epoch's staged file, before any apply. Spark then reads exactly that range on the executors
 (``spark.read.format("kafka")`` with ``assign``, ``startingOffsets`` and ``endingOffsets`` as JSON):
 no record passes through the Python process. Nothing is committed to a consumer group: the log's
@@ -197,6 +198,28 @@ def plan_epoch(
     return Plan(ranges=ranges, positions=after, lost=lost, lag=sum(backlog.values()) - sum(taken.values()))
 
 
+def byte_budgets(plan: Plan, max_bytes: int) -> dict[Partition, int]:
+    """Each partition's share of ``max_bytes``, in proportion to the records the plan takes from it
+    (as ``max_records`` is shared), so partitions move together."""
+    total = plan.records
+    return {p: max_bytes * (b - a) // total for p, (a, b) in plan.ranges.items()} if total else {}
+
+
+def cut_by_bytes(plan: Plan, fits: dict[Partition, int]) -> Plan:
+    """``plan`` cut to ``fits``: per partition, how many of its first records fit its byte budget.
+    At least one record: when none fits anywhere (one record larger than its share), the first
+    record of the first partition is taken, so the pipeline always progresses."""
+    taken = {p: min(max(fits.get(p, 0), 0), b - a) for p, (a, b) in plan.ranges.items()}
+    if plan.ranges and not any(taken.values()):
+        taken[min(plan.ranges)] = 1
+    ranges = {p: (a, a + taken[p]) for p, (a, _) in plan.ranges.items() if taken[p] > 0}
+    positions = dict(plan.positions)
+    for p, (a, _) in plan.ranges.items():
+        positions[p] = a + taken[p]
+    left = plan.records - sum(taken.values())
+    return Plan(ranges=ranges, positions=positions, lost=plan.lost, lag=plan.lag + left)
+
+
 def _offsets_text(offsets: dict[Partition, int]) -> str:
     return ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(offsets.items())) or "nothing"
 
@@ -338,7 +361,38 @@ class KafkaSource(Source):
         plan = self.plan(checkpoint, config.max_records or max_documents)
         if plan.empty:
             return None
+        if config.kafka_max_bytes is not None:
+            plan = self.bounded(spark, plan, config.kafka_max_bytes)
         return self._batch(spark, checkpoint, plan)
+
+    def bounded(self, spark: "SparkSession", plan: Plan, max_bytes: int) -> Plan:
+        """``plan`` cut so its records' keys and values hold at most ``max_bytes`` (see
+        :func:`byte_budgets`, :func:`cut_by_bytes`). The brokers' offsets say nothing of sizes, so
+        Spark reads the range's sizes first (on the executors; one row per partition comes back).
+        The cut plan is what the checkpoint records, so a replay reads exactly it."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        budgets = byte_budgets(plan, max_bytes)
+        budget = F.lit(None).cast("long")
+        for (topic, partition), amount in budgets.items():
+            budget = F.when((F.col("topic") == topic) & (F.col("partition") == partition), F.lit(amount)).otherwise(budget)
+        sized = self.records(spark, plan, raw_columns=True).select(
+            "topic", "partition", "offset",
+            (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("size"),
+        )
+        running = F.sum("size").over(Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0))
+        fits = (
+            sized.withColumn("running", running)
+            .where(F.col("running") <= budget)
+            .groupBy("topic", "partition")
+            .agg(F.count(F.lit(1)).alias("n"))
+            .collect()
+        )
+        cut = cut_by_bytes(plan, {(r["topic"], int(r["partition"])): int(r["n"]) for r in fits})
+        if cut.records < plan.records:
+            log.info("%s: max_bytes %d: the epoch takes %d of %d records", self.where, max_bytes, cut.records, plan.records)
+        return cut
 
     def replay(self, spark: "SparkSession", before: dict[str, Any] | None, after: dict[str, Any]) -> SourceBatch:
         """Exactly a committed epoch's records again (``after``: its checkpoint, whose ``range`` the
@@ -390,8 +444,9 @@ class KafkaSource(Source):
             lag={"records": plan.lag},
         )
 
-    def records(self, spark: "SparkSession", plan: Plan) -> "DataFrame":
-        """The epoch's records, exactly ``plan.ranges``, as Spark's Kafka connector reads them."""
+    def records(self, spark: "SparkSession", plan: Plan, raw_columns: bool = False) -> "DataFrame":
+        """The epoch's records, exactly ``plan.ranges``, as Spark's Kafka connector reads them
+        (``raw_columns``: its own columns, binary key and value)."""
         from pyspark.sql import functions as F
 
         config = self.binding.source
@@ -412,6 +467,8 @@ class KafkaSource(Source):
             .option("failOnDataLoss", "true")
             .load()
         )
+        if raw_columns:
+            return raw
         return raw.select(
             F.col("value").cast("string").alias("value"),
             F.col("key").cast("string").alias("key"),
