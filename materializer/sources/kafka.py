@@ -27,7 +27,8 @@ Payloads (``source.payload``):
   (a JSON object, or one scalar) and a tombstone deletes that key, as in a compacted topic.
 - ``debezium``: the value is a Debezium change event (JSON converter, with or without its
   ``schema``/``payload`` envelope). ``op`` c (create), r (snapshot read) and u (update) upsert
-  ``after``; d deletes the key of ``before``; tombstones (null values, which Debezium writes after a
+  ``after``; d deletes the key of ``before``; the event's ``source`` block is the document's
+  ``_meta.source`` (read for ordering by ``sequence_by``, never landed); tombstones (null values, which Debezium writes after a
   delete for log compaction) carry no change and are left out, as Debezium's documentation intends.
   Other ops (``t`` truncate, ``m`` message) are refused, naming the record.
 
@@ -478,8 +479,6 @@ class KafkaSource(Source):
 
 # --- reading and checking: the documents source's reader, over records --------------------------
 
-_DELETE_PREFIX = '{"_meta":{"op":"d"},'
-
 
 class _KafkaReader(_Reader):
     """The documents reader with records in place of lines: ``_seq`` is (topic, partition, offset),
@@ -589,8 +588,18 @@ class _KafkaReader(_Reader):
         # coalesce: a missing before/after has no schema (NULL), which must count as "not an object".
         before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT"), F.lit(False))
         after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT"), F.lit(False))
-        deleted = F.when(before == F.lit("{}"), F.lit('{"_meta":{"op":"d"}}')).otherwise(
-            F.concat(F.lit(_DELETE_PREFIX), F.substring(before, 2, 1 << 30))
+        # The event's source block (Postgres lsn, MySQL file/pos, ts_ms, …) goes under _meta.source,
+        # which a binding may order by (sequence_by: [_meta.source.lsn]); _meta never lands.
+        source = F.to_json(F.try_variant_get(F.col("__event"), "$.source", "variant"))
+        meta = F.when(source.isNotNull(), F.concat(F.lit('"source":'), source))
+        upserted = (
+            F.when(meta.isNull(), after)
+            .when(after == F.lit("{}"), F.concat(F.lit('{"_meta":{'), meta, F.lit("}}")))
+            .otherwise(F.concat(F.lit('{"_meta":{'), meta, F.lit("},"), F.substring(after, 2, 1 << 30)))
+        )
+        delete_meta = F.when(meta.isNull(), F.lit('{"_meta":{"op":"d"}')).otherwise(F.concat(F.lit('{"_meta":{"op":"d",'), meta, F.lit("}")))
+        deleted = F.when(before == F.lit("{}"), F.concat(delete_meta, F.lit("}"))).otherwise(
+            F.concat(delete_meta, F.lit(","), F.substring(before, 2, 1 << 30))
         )
         problem = (
             F.when(event.isNull(), F.lit("not a valid JSON Debezium change event"))
@@ -599,7 +608,7 @@ class _KafkaReader(_Reader):
             .when((op == F.lit("d")) & ~before_obj, F.lit("Debezium delete (op 'd') has no 'before' object to take the key from"))
             .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit("' (truncate 't', message 'm') is not supported: only c, r, u and d change rows")))
         )
-        text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(after)
+        text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
         return records.select(text.alias("value"), F.col(SEQ), problem.alias("__kafka"))
 
     def problem(self) -> "Column":
