@@ -32,6 +32,7 @@ def drill(
     report: Optional[Path] = typer.Option(None, "--report", help="Where to write the JSON report (default: WORKDIR/drill-report.json)."),
     run_timeout: float = typer.Option(900.0, "--run-timeout", help="Seconds after which one run counts as hung."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temp work folder even when the drill passes."),
+    reader: str = typer.Option("spark", "--reader", help="How the tables are read for the comparison: spark, or deltalake (delta-rs, independent of the writer)."),
 ) -> None:
     """Kill the pipeline over and over on a scratch copy, restart it, and prove nothing was lost or duplicated.
 
@@ -48,6 +49,9 @@ def drill(
     from materializer.drill import SCENARIOS, Drill, DrillOptions
     from materializer.progress import Collector
 
+    if reader not in ("spark", "deltalake"):
+        typer.secho("error: --reader must be spark or deltalake", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     if scenario not in SCENARIOS:
         typer.secho(f"error: --scenario must be one of {', '.join(SCENARIOS)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
@@ -64,6 +68,7 @@ def drill(
         max_files=max_files,
         run_timeout=run_timeout,
         keep=keep,
+        reader=reader,
         report=report,
     )
     try:

@@ -250,6 +250,8 @@ class DrillOptions:
     """Override ``source.max_files`` of documents bindings (their epochs are whole files)."""
     run_timeout: float = 900.0
     """A single run taking longer than this is a hang: the drill kills it and fails."""
+    reader: str = "spark"
+    """How the verification reads the tables' rows: ``spark`` or ``deltalake`` (delta-rs)."""
     keep: bool = False
     report: Path | None = None
 
@@ -482,8 +484,11 @@ def run_once(
 # --- verification ------------------------------------------------------------------------------
 
 
-def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1) -> Verification:
-    """Tables against the oracle, Delta history against the log, staging empty, log whole."""
+def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, reader: str = "spark") -> Verification:
+    """Tables against the oracle, Delta history against the log, staging empty, log whole.
+
+    ``reader``: how the tables' rows are read, ``spark`` (Delta's own reader) or ``deltalake``
+    (delta-rs, no JVM: a reader independent of the one that wrote them; path tables only)."""
     from materializer.delta import TableRef, history, table_state
     from materializer.recovery_log import RecoveryLog
     from materializer.storage import open_store
@@ -546,9 +551,10 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1) -> 
         ref = TableRef(binding.table)
         state = table_state(spark, ref, config.pipeline_id)
         rows: list[dict[str, Any]] = []
-        if state.exists:
-            reader = spark.read.format("delta")
-            df = reader.load(ref.location) if ref.is_path else spark.table(ref.location)
+        if state.exists and reader == "deltalake" and ref.is_path:
+            rows = _rows_by_delta_rs(ref.location)
+        elif state.exists:
+            df = spark.read.format("delta").load(ref.location) if ref.is_path else spark.table(ref.location)
             # A drill table is small; the oracle is plain Python, so the rows come to the driver.
             rows = [r.asDict(recursive=True) for r in df.collect()]
         cmp = oracle.compare(exp, rows, binding.key)
@@ -595,6 +601,14 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1) -> 
                 check.problems.append(f"table records epoch {recorded}; the log's last epoch is {result.last_epoch}")
         result.tables.append(check)
     return result
+
+
+def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
+    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them."""
+    from deltalake import DeltaTable  # a core dependency (status reads the Delta log with it)
+
+    path = location[len("file:") :] if location.startswith("file:") else location
+    return DeltaTable(path).to_pyarrow_table().to_pylist()
 
 
 # --- the drill ---------------------------------------------------------------------------------
@@ -695,7 +709,7 @@ class Drill:
 
     def verify_round(self) -> Verification:
         self.collector.event("verifying", round=self.round_no)
-        result = verify(self.config, self.spark(), self.round_no)
+        result = verify(self.config, self.spark(), self.round_no, self.options.reader)
         self.report.rounds.append(result)
         self.collector.event("verified", verification=result)
         return result

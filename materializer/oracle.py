@@ -14,6 +14,8 @@ the source files itself and applies the documented semantics directly:
   j-th run of whole files of its source, in file-name order, committed as epoch j.
 
 * ``cdcv2`` source, ``standard`` mode: the history's state at the final frontier (seed 002).
+* ``kafka`` source, ``standard`` mode: the topic's records read with confluent-kafka's consumer
+  (materializer/oracle_kafka.py), then as above per payload.
 
 Oracles are registered per (source format, mode) with :func:`register`. A binding with no
 registered oracle (``cdcv2`` in delta-updates mode, so far) gets an :class:`Expected` with ``verified=False`` and
@@ -27,7 +29,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.errors import SourceError
@@ -296,10 +298,15 @@ def cdcv2_standard(binding: BindingConfig, max_documents: int) -> Expected:
     distinct updates do not match its count stops it. Epochs depend on how times group into
     batches, so this oracle checks rows only (``epochs`` is None).
     """
+    return cdcv2_state(binding, (stmt for _file, _line, stmt in documents(binding.source.path)))
+
+
+def cdcv2_state(binding: BindingConfig, statements: Iterable[Row]) -> Expected:
+    """:func:`cdcv2_standard` over any statements (a folder's lines, a topic's records)."""
     updates: set[tuple[str, int, int]] = set()
     progress: set[tuple[int, int | None, tuple[tuple[int, int], ...]]] = set()
     count = 0
-    for _file, _line, stmt in documents(binding.source.path):
+    for stmt in statements:
         count += 1
         if "updates" in stmt:
             for data, time, diff in stmt["updates"]:
@@ -343,6 +350,8 @@ def cdcv2_standard(binding: BindingConfig, max_documents: int) -> Expected:
 
 def expected(binding: BindingConfig, max_documents: int) -> Expected:
     """The oracle's expectation for one binding, or ``verified=False`` with the reason."""
+    if binding.source.format == "kafka":
+        import materializer.oracle_kafka  # noqa: F401 - registers the kafka oracle (confluent-kafka)
     fn = _ORACLES.get((binding.source.format, binding.mode))
     if fn is None:
         return Expected(
