@@ -108,3 +108,26 @@ def test_a_malformed_statement_is_named_by_topic_partition_and_offset(spark: Any
     with pytest.raises(SourceError, match="topic cdc-bad partition 0 offset 1: malformed CDC v2 statement: update #1 has data without the key field 'id'"):
         Runtime(config, spark).run()
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.spark
+def test_recover_re_reads_a_cdcv2_epoch_to_its_recorded_frontier_though_more_times_completed(spark: Any, tmp_path: Path) -> None:
+    """The seam both readers share: with ``until`` an epoch ends at the log's frontier (it used to
+    take every time complete by then, up to max_documents, and recover refused the mismatch)."""
+    from materializer.sources.cdcv2 import CdcV2Source
+
+    source_dir = tmp_path / "src"
+    source_dir.mkdir()
+    first = [{"updates": [[{"id": t, "v": t}, t, 1]]} for t in range(3)]
+    first.append({"progress": {"lower": [0], "upper": [3], "counts": [[t, 1] for t in range(3)]}})
+    (source_dir / "a.jsonl").write_text("".join(json.dumps(s) + "\n" for s in first))
+    config = load_config(write_config(tmp_path, [{"name": "rows", "table": str(tmp_path / "t"), "key": ["id"],
+                                                  "source": {"format": "cdcv2", "path": str(source_dir)}}]))
+    spool = open_store(config.staging)
+    batch = CdcV2Source(config.bindings[0], spool).next_batch(spark, None, 100, "spool/a")
+    assert batch is not None and batch.checkpoint == {"frontier": 3}
+    later = [{"updates": [[{"id": t, "v": t}, t, 1]]} for t in (3, 4)]
+    later.append({"progress": {"lower": [3], "upper": [5], "counts": [[3, 1], [4, 1]]}})
+    (source_dir / "b.jsonl").write_text("".join(json.dumps(s) + "\n" for s in later))
+    again = CdcV2Source(config.bindings[0], spool).next_batch(spark, None, 100, "spool/b", until={"frontier": 3})
+    assert again is not None and again.checkpoint == {"frontier": 3} and again.count == 3

@@ -589,12 +589,14 @@ class CdcV2Source(Source):
         limit = tracking.complete
         if problems:
             limit = problems[0].time if limit is None else min(limit, problems[0].time)
-        if until is not None and until.get("frontier", START) is not None:
+        if until is not None:
             # recover: exactly the committed epoch's times, whatever arrived since (its times were
-            # complete then, so they are now: the epoch ends where the log says it did).
-            cap = int(until.get("frontier", START))
-            limit = cap if limit is None else min(limit, cap)
+            # complete then, so they are now: the epoch ends where the log says it did; None: it
+            # ended the stream, so it took every time left).
             max_documents = sys.maxsize
+            if until.get("frontier", START) is not None:
+                cap = int(until.get("frontier", START))
+                limit = cap if limit is None else min(limit, cap)
         plan = plan_epoch(frontier, limit, received, max_documents)
         if plan is None:
             if problems:
