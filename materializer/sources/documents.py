@@ -38,7 +38,7 @@ import json
 import re
 from urllib.parse import unquote
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
@@ -417,6 +417,16 @@ class DocumentsSource(Source):
         declared = self.declared_schema(spark)
         reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
         parsed = reader.parsed(plan)
+        lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
+        if declared is not None and until is None and self.defer_checks:
+            # The types are known before reading: the checks ride along with the staging job (one
+            # parse per epoch), and the runtime calls verify before committing. Without a schema
+            # the cast needs the epoch's types first, so a job of its own checks and infers them.
+            documents, verify = reader.deferred(parsed)
+            return SourceBatch(
+                documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
+                explain=reader.explain, lag=lag, verify=verify,
+            )
         count, schema = reader.check(parsed)
         return SourceBatch(
             documents=reader.rows(parsed, schema),
@@ -424,7 +434,7 @@ class DocumentsSource(Source):
             count=count,
             description=plan.description(),
             explain=reader.explain,
-            lag={"files": plan.lag_files, "bytes": plan.lag_bytes},
+            lag=lag,
         )
 
 
@@ -448,6 +458,8 @@ class _Reader:
         """The file names behind ``_seq.file`` values (the last segment of Spark's path URI)."""
         self.done: dict[str, int] = {}
         """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
+        self._parsed: DataFrame | None = None
+        """The parsed documents when their checks are deferred to the staging job (:meth:`deferred`)."""
 
     # --- reading ---
 
@@ -586,18 +598,33 @@ class _Reader:
                 rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(), message))
         return rules
 
-    def check(self, parsed: "DataFrame") -> tuple[int, "StructType"]:
-        """Check every document in one Spark job; the epoch's document count and schema."""
+    def checked(self, parsed: "DataFrame") -> "DataFrame":
+        """``parsed`` with ``__problem``: per document, what is wrong with it alone (NULL: nothing).
+        The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top."""
+        return parsed.withColumn("__problem", self.problem())
+
+    @staticmethod
+    def _tallies() -> list["Column"]:
+        """The epoch's aggregate checks: documents, bad ones, the first bad one, the merged shape
+        of the good ones."""
         from pyspark.sql import functions as F
 
-        checked = parsed.withColumn("__problem", self.problem())
-        row = checked.agg(
+        return [
             F.count(F.lit(1)).alias("n"),
             F.count(F.col("__problem")).alias("bad"),
             F.min(F.when(F.col("__problem").isNotNull(), F.col(SEQ))).alias("first"),
             F.schema_of_variant_agg(F.when(F.col("__problem").isNull(), F.col("__v"))).alias("shape"),
-        ).first()
+        ]
+
+    def check(self, parsed: "DataFrame") -> tuple[int, "StructType"]:
+        """Check every document in one Spark job; the epoch's document count and schema."""
+        checked = self.checked(parsed)
+        row = checked.agg(*self._tallies()).first()
         assert row is not None
+        return self._verdict(checked, row)
+
+    def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
+        """Raise the error for what the tallies found; else the count and the epoch's schema."""
         if row["bad"]:
             raise self._located(checked, row["first"], int(row["bad"]), None)
         if row["n"] == 0:
@@ -610,6 +637,36 @@ class _Reader:
             raise self._shape_error(checked, problems)
         schema = self.declared if self.declared is not None else inferred_type(shape)
         return int(row["n"]), schema  # type: ignore[return-value]
+
+    def deferred(self, parsed: "DataFrame") -> tuple["DataFrame", "Callable[[], int]"]:
+        """With a declared schema: the rows, checked by the job that stages them (one parse of
+        the epoch instead of two), and the verdict to ask for once that job has run.
+
+        The tallies are observed (``Observation``, Spark Connect has it too) on every document
+        before the bad ones are left out of the rows: a bad document never reaches the cast, and
+        any bad one refuses the whole epoch in ``verify``, so leaving it out of rows that will be
+        deleted drops nothing. A document that passes alone but not the epoch's shape check (an
+        undeclared field, a value of the wrong kind) is cast like the others: the cast drops the
+        field or converts the value, verify refuses the epoch; or the cast fails the staging job,
+        and :meth:`explain` locates the document. Dead letters can route ``__problem`` rows of
+        :meth:`checked` instead of leaving them out.
+        """
+        import uuid
+
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        assert self.declared is not None
+        self._parsed = parsed
+        checked = self.checked(parsed)
+        tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
+        good = checked.observe(tallies, *self._tallies()).where(F.col("__problem").isNull())
+
+        def verify() -> int:
+            # Blocks until the first action on the rows (their staging job) has run in full.
+            return self._verdict(checked, tallies.get)[0]
+
+        return self.rows(good, self.declared), verify
 
     def _name(self, file: str) -> str:
         """The file name behind a ``_seq.file`` value."""
@@ -715,6 +772,13 @@ class _Reader:
         text = str(exc)
         if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:
             return None
+        if self._parsed is not None:
+            # Checks deferred to the staging job, which the cast failed: the check job (error
+            # path only) names the file and line when a document's kind is what failed it.
+            try:
+                self.check(self._parsed)
+            except SourceError as located:
+                return located
         first = next((line for line in text.splitlines() if "INVALID_VARIANT_CAST" in line or "CAST_INVALID_INPUT" in line), text)
         return SourceError(
             f"{self.store.uri}: a value of this transaction's documents does not fit source.schema: "
