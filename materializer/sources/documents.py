@@ -528,15 +528,25 @@ class _Reader:
 
     # --- checking ---
 
-    def problem(self) -> "Column":
-        """Per document, what is wrong with it (NULL: nothing a row alone shows)."""
+    def _parts(self) -> "Column":
+        """The top-level fields every check looks at (keys, reserved names, ``_meta``, the declared
+        fields) as VARIANTs: NULL for a document that is not an object. Computed once per document
+        in a column of its own (``__parts``), so the checks do not each cast the document again
+        (they did: 3.2 s of JVM CPU per 200k documents for the checks, 1.3 s with this column)."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
+        named = self.keys + [OP, SEQ, "_meta"] + [f.name for f in (self.declared.fields if self.declared else [])]
+        return F.col("__v").try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in dict.fromkeys(named)]))
+
+    def problem(self) -> "Column":
+        """Per document, what is wrong with it (NULL: nothing a row alone shows). Reads ``__v``,
+        ``value`` and ``__parts``: apply it through :meth:`checked`."""
+        from pyspark.sql import functions as F
+
         v = F.col("__v")
         value = F.col("value")
-        named = self.keys + [OP, SEQ, "_meta"]
-        parts = v.try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in named]))
+        parts = F.col("__parts")
 
         def kind(x: "Column") -> "Column":
             return F.schema_of_variant(x)
@@ -547,12 +557,13 @@ class _Reader:
                 "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
                 "16 MB, nesting deeper than 1000, a number of about 1000 digits); Spark cannot read it, so it cannot land",
             ),
-            (~F.ltrim(value, F.lit(" \t\r\f")).startswith("{"), "a document must be a JSON object"),
+            # Valid JSON that no struct cast takes: an array or a scalar.
+            (parts.isNull(), "a document must be a JSON object"),
         ]
         for key in self.keys:
             got = parts[key]
             rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
-            rules.append((kind(got).startswith("OBJECT") | kind(got).startswith("ARRAY"), f"key field {key!r} must be a scalar"))
+            rules.append((F.left(kind(got), F.lit(1)).isin("O", "A"), f"key field {key!r} must be a scalar"))  # OBJECT<…>, ARRAY<…>
         for name in (OP, SEQ):
             rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
         meta = parts["_meta"]
@@ -570,25 +581,26 @@ class _Reader:
             )
         )
         if self.declared is not None:
-            rules += self._fits(v, self.declared, "")
+            rules += self._fits(parts, self.declared, "")
         expr = F.lit(None).cast("string")
         for condition, message in reversed(rules):
             expr = F.when(condition, F.lit(message) if isinstance(message, str) else message).otherwise(expr)
         return expr
 
-    def _fits(self, v: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
+    def _fits(self, parts: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
         """Values the declared type's cast would refuse (a timestamp's format, an INT's range):
-        checked per document here, so the staging cast cannot fail (arrays aside)."""
+        checked per document here, so the staging cast cannot fail (arrays aside). ``parts``: the
+        object's fields as VARIANTs (at the top, ``__parts``)."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        parts = v.try_cast(T.StructType([T.StructField(f.name, T.VariantType()) for f in dtype.fields]))
         rules = []
         for f in dtype.fields:
             got = parts[f.name]
             where = _join(path, f.name)
             if isinstance(f.dataType, T.StructType):
-                rules += self._fits(got, f.dataType, where)
+                inner = got.try_cast(T.StructType([T.StructField(g.name, T.VariantType()) for g in f.dataType.fields]))
+                rules += self._fits(inner, f.dataType, where)
             elif not isinstance(f.dataType, (T.StringType, T.ArrayType, T.MapType, T.BooleanType)):
                 message = F.concat(
                     F.lit(f"a value does not fit source.schema: field {where!r} holds "),
@@ -601,7 +613,7 @@ class _Reader:
     def checked(self, parsed: "DataFrame") -> "DataFrame":
         """``parsed`` with ``__problem``: per document, what is wrong with it alone (NULL: nothing).
         The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top."""
-        return parsed.withColumn("__problem", self.problem())
+        return parsed.withColumn("__parts", self._parts()).withColumn("__problem", self.problem())
 
     @staticmethod
     def _tallies() -> list["Column"]:
@@ -721,7 +733,7 @@ class _Reader:
 
         name = self._name(first["file"])
         lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
-        lines = lines.withColumn("__problem", self.problem())
+        lines = self.checked(lines)
         if shape is not None:
             wanted = (F.col("__problem").isNull()) & (F.schema_of_variant(F.col("__v")) == F.lit(shape))
         else:
