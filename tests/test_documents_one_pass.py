@@ -96,3 +96,24 @@ def test_a_refused_deferred_epoch_commits_nothing_and_leaves_no_staged_file(spar
     summary = Runtime(config, spark).run()
     assert [e.documents for e in summary.epochs] == [{"items": 2}]
     assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,), (3,), (4,)]
+
+
+def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark: Any) -> None:
+    """kafka's reader reuses these checks (its problem() adds the record's own): without a broker,
+    records as the connector gives them."""
+    from pyspark.sql import functions as F
+
+    from materializer.sources.kafka import _KafkaReader
+
+    def records(values: list[str]) -> Any:
+        rows = [(v, None, "t", 0, i) for i, v in enumerate(values)]
+        df = spark.createDataFrame(rows, "value string, key string, topic string, partition int, offset long")
+        return df.select("value", "key", F.struct("topic", "partition", "offset").alias("_seq"))
+
+    reader = _KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
+    parsed = reader.parsed(records(['{"id": 1, "a": 2}', '{"id": 2}']))
+    count, schema = reader.check(parsed)
+    assert count == 2 and [f.name for f in schema.fields] == ["a", "id"]
+    reader = _KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
+    with pytest.raises(SourceError, match="topic t partition 0 offset 1: key field 'id' is missing or null"):
+        reader.check(reader.parsed(records(['{"id": 1}', '{"a": 2}'])))
