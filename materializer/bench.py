@@ -463,7 +463,9 @@ def epoch_phases(
     The runtime applies epoch N in the background while it reads N+1, so the phases overlap:
 
     * read: from when the runtime could start reading (the previous epoch committed, or for a run
-      that does not pipeline, acknowledged) to the batch read (Python scan, spool, Spark JSON);
+      that does not pipeline, acknowledged) to the batch read (listing, the Spark check job); with
+      a declared schema the documents are checked by the staging job and the read event is sent
+      once that job is verified, so read then includes prestage and StartCommit;
     * stage: from the batch read to its recovery-log commit (prestage, waiting for the previous
       epoch's Acknowledged, loads, Parquet, log commit);
     * apply: from the log commit to Acknowledged (txn check, MERGE, GC);
@@ -577,9 +579,10 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     import materializer.sources.documents as documents_module
 
     for source in runtime.sources.values():
-        profiler.wrap(source, "next_batch", "read: source batch (listing, Spark check job)")
-    profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema")
-    profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, combine, Parquet)")
+        profiler.wrap(source, "next_batch", "read: source batch (listing; a Spark check job unless the checks are deferred)")
+    profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema (no declared schema)")
+    profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, checks with a declared schema, combine, Parquet)")
+    profiler.wrap(runtime, "_verify", "stage: verify the checks the staging job tallied (no Spark job unless one failed)")
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
     profiler.wrap(runtime.driver, "_read_staged", "apply: staged-file check (listing) and Parquet read")
@@ -719,14 +722,15 @@ def run_bare(spark: "SparkSession", work: Path, files: list[Path], table: Path) 
     started = time.monotonic()
     for index, path in enumerate(files, start=1):
         staged = work / "staged" / f"epoch-{index:06d}"
-        j0, t0 = next_job_id(spark), time.monotonic()
+        j0, t0, c0 = next_job_id(spark), time.monotonic(), cpu_seconds()
         _latest_per_key(spark.read.schema(schema).json(str(path))).write.mode("errorifexists").parquet(str(staged))
         j1, t1 = next_job_id(spark), time.monotonic()
         _merge(spark, table, spark.read.parquet(str(staged)))
-        j2, t2 = next_job_id(spark), time.monotonic()
+        j2, t2, c2 = next_job_id(spark), time.monotonic(), cpu_seconds()
         shutil.rmtree(staged, ignore_errors=True)
         jobs = {"stage_jobs": j1 - j0, "merge_jobs": j2 - j1} if None not in (j0, j1, j2) else {}  # type: ignore[operator]
-        epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs})
+        cpu = {"python_cpu": c2[0] - c0[0], "jvm_cpu": c2[1] - c0[1]}
+        epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs, **cpu})
     return {"seconds": time.monotonic() - started, "epochs": epochs}
 
 
@@ -751,8 +755,12 @@ def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> di
         finally:
             session.conf.unset(TXN_APP_ID)
             session.conf.unset(TXN_VERSION)
-        batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0})
+        # CPU from the previous batch's end (the query's start): the trigger's planning included.
+        now = cpu_seconds()
+        before, cpu_mark[0] = cpu_mark[0], now
+        batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0, "python_cpu": now[0] - before[0], "jvm_cpu": now[1] - before[1]})
 
+    cpu_mark = [cpu_seconds()]
     started = time.monotonic()
     query = (
         spark.readStream.schema(input_schema())
@@ -773,7 +781,8 @@ def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> di
     epochs = []
     for batch in batches:
         total = triggers.get(batch["batch_id"], batch["foreach_batch"])
-        epochs.append({"epoch": batch["batch_id"] + 1, "foreach_batch": batch["foreach_batch"], "total": total})
+        epochs.append({"epoch": batch["batch_id"] + 1, "foreach_batch": batch["foreach_batch"], "total": total,
+                       "python_cpu": batch["python_cpu"], "jvm_cpu": batch["jvm_cpu"]})
     if query.exception() is not None:
         raise RuntimeError(f"peer query failed: {query.exception()}")
     return {"seconds": seconds, "epochs": epochs}
@@ -876,6 +885,21 @@ def _summary(epochs: list[dict[str, Any]], big: int, keys: tuple[str, ...]) -> d
     out: dict[str, Any] = {f"median_{k}_seconds": _median([e[k] for e in big_epochs if k in e]) for k in keys}
     out["one_row_seconds"] = one_row[0]["total"] if one_row else None
     return out
+
+
+def _cpu(epochs: list[dict[str, Any]], big: int) -> dict[str, Any]:
+    """Median CPU seconds per big epoch, Python and JVM (the approach's process and its JVM)."""
+    big_epochs = [e for e in epochs if e["epoch"] <= big]
+    return {
+        "median_python_cpu_seconds": _median([e["python_cpu"] for e in big_epochs if "python_cpu" in e]),
+        "median_jvm_cpu_seconds": _median([e["jvm_cpu"] for e in big_epochs if "jvm_cpu" in e]),
+    }
+
+
+def _cpu_total(block: dict[str, Any] | None) -> float | None:
+    if not block or block.get("median_python_cpu_seconds") is None or block.get("median_jvm_cpu_seconds") is None:
+        return None
+    return float(block["median_python_cpu_seconds"]) + float(block["median_jvm_cpu_seconds"])
 
 
 def _wall_per_epoch(epochs: list[dict[str, Any]], big: int) -> float | None:
@@ -983,10 +1007,14 @@ def bench_config(
         "seconds": bare["seconds"],
         "epochs": bare["epochs"],
         **_summary(bare["epochs"], big, ("stage", "merge", "total")),
+        **_cpu(bare["epochs"], big),
         "median_merge_spark_jobs": _median([e["merge_jobs"] for e in bare["epochs"] if e["epoch"] <= big and "merge_jobs" in e]),
     }
     if peer is not None:
-        result["peer"] = {"seconds": peer["seconds"], "epochs": peer["epochs"], **_summary(peer["epochs"], big, ("foreach_batch", "total"))}
+        result["peer"] = {
+            "seconds": peer["seconds"], "epochs": peer["epochs"], **_summary(peer["epochs"], big, ("foreach_batch", "total")),
+            **_cpu(peer["epochs"], big),
+        }
     if kafka is not None:
         result["kafka"] = {
             "seconds": kafka["seconds"],
@@ -1014,6 +1042,9 @@ def bench_config(
         # ours end to end vs the bare MERGE alone
         "ours_over_bare_merge": _ratio(o["median_total_seconds"], b["median_merge_seconds"]),
         "ours_over_peer": _ratio(o["median_total_seconds"], p["median_total_seconds"]) if p else None,
+        # CPU seconds (Python + JVM) per epoch: steadier than wall time on a shared machine
+        "cpu_ours_over_bare": _ratio(_cpu_total(o), _cpu_total(b)),
+        "cpu_ours_over_peer": _ratio(_cpu_total(o), _cpu_total(p)) if p else None,
         "one_row_ours_over_peer": _ratio(o["one_row_seconds"], p["one_row_seconds"]) if p else None,
         # the same documents from a topic vs from files, both ours end to end
         "kafka_over_files": _ratio(result["kafka"]["median_total_seconds"], o["median_total_seconds"]) if "kafka" in result else None,
@@ -1280,7 +1311,9 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("bare: s/epoch (stage + MERGE)", lambda c: _fmt(c["bare"]["median_total_seconds"])),
         ("  bare MERGE alone", lambda c: _fmt(c["bare"]["median_merge_seconds"])),
         ("  Spark jobs/MERGE", lambda c: _fmt(c["bare"].get("median_merge_spark_jobs"), "n")),
+        ("  bare CPU s/epoch: Python / JVM", lambda c: f"{_fmt(c['bare'].get('median_python_cpu_seconds'))} / {_fmt(c['bare'].get('median_jvm_cpu_seconds'))}"),
         ("peer: s/batch (trigger)", lambda c: _fmt((c.get("peer") or {}).get("median_total_seconds"))),
+        ("  peer CPU s/batch: Python / JVM", lambda c: f"{_fmt((c.get('peer') or {}).get('median_python_cpu_seconds'))} / {_fmt((c.get('peer') or {}).get('median_jvm_cpu_seconds'))}"),
         ("ours rows/s", lambda c: _fmt(c["ours"]["rows_per_second"], "rows/s")),
         ("bare rows/s", lambda c: _fmt(c["bare"]["rows_per_second"], "rows/s")),
         ("peer rows/s", lambda c: _fmt((c.get("peer") or {}).get("rows_per_second"), "rows/s")),
@@ -1292,6 +1325,8 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("ours apply / bare MERGE", lambda c: _fmt(c["ratios"]["ours_apply_over_bare_merge"], "x")),
         ("ours / bare MERGE", lambda c: _fmt(c["ratios"]["ours_over_bare_merge"], "x")),
         ("ours / peer", lambda c: _fmt(c["ratios"]["ours_over_peer"], "x")),
+        ("ours / bare, CPU s (Python + JVM)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_bare"), "x")),
+        ("ours / peer, CPU s (Python + JVM)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_peer"), "x")),
         ("replayed epoch: re-ack s (whole run, jobs)", lambda c: _replay(c)),
         ("replay in a fresh process: restart s (in-run s)", lambda c: _recovery(c, "replay_restart")),
         ("one-row epoch: ours s", lambda c: _fmt(c["ours"]["one_row_seconds"])),

@@ -44,6 +44,7 @@ from materializer.protocol import (
     Load,
     Open,
     StartCommit,
+    StartedCommit,
     Store,
 )
 from materializer.recovery_log import LogEntry, RecoveryLog
@@ -98,6 +99,10 @@ class Runtime:
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
         self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
         self.sources = {b.name: open_source(b, self.staging) for b in config.bindings}
+        for source in self.sources.values():
+            source.defer_checks = True  # _verify runs their deferred checks before each commit
+        self._unread: dict[str, dict[str, Any]] = {}
+        """Read events of batches whose checks run with their staging (sent once verified)."""
         for binding in config.bindings:
             if binding.mode == "standard":
                 reductions.check_supported(binding)
@@ -219,6 +224,7 @@ class Runtime:
                     started_commit = self.driver.start_commit(
                         StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
                     )
+                self._verify(batches, started_commit)
                 self.staging.delete_prefix(self._spool(next_epoch))
                 stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
@@ -285,6 +291,7 @@ class Runtime:
 
     def _read(self, epoch: int, checkpoint: dict[str, Any]) -> dict[str, SourceBatch]:
         batches = {}
+        self._unread = {}
         for binding in self.config.bindings:
             began, at = time.monotonic(), utc_now()
             batch = self.sources[binding.name].next_batch(
@@ -295,19 +302,41 @@ class Runtime:
             )
             if batch is not None:
                 batches[binding.name] = batch
-                self.collector.event(
-                    "read",
-                    epoch=epoch,
-                    binding=binding.name,
-                    documents=batch.count,
-                    extent=batch.description,
-                    # Optional fields of SourceBatch (a source that does not know leaves them out).
-                    bytes=getattr(batch, "bytes", None),
-                    lag=getattr(batch, "lag", None),
-                    seconds=time.monotonic() - began,
-                    at=at,
-                )
+                read = {"epoch": epoch, "binding": binding.name, "seconds": time.monotonic() - began, "at": at}
+                if batch.verify is not None:
+                    # Its count is known once staged: the event is sent by _verify.
+                    self._unread[binding.name] = read
+                else:
+                    self._read_event(batch, read)
         return batches
+
+    def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
+        self.collector.event(
+            "read",
+            **read,
+            documents=batch.count,
+            extent=batch.description,
+            # Optional fields of SourceBatch (a source that does not know leaves them out).
+            bytes=getattr(batch, "bytes", None),
+            lag=getattr(batch, "lag", None),
+        )
+
+    def _verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
+        """The checks a source deferred to the staging job, now that it has run: a refusal deletes
+        the epoch's staged files (no entry references them) and commits nothing."""
+        try:
+            for batch in batches.values():
+                if batch.verify is not None:
+                    batch.count = batch.verify()
+        except BaseException:
+            for staged in started.driver_checkpoint.staged.values():
+                if staged is not None:
+                    self.staging.delete_prefix(staged.uri)
+            raise
+        finally:
+            unread, self._unread = self._unread, {}
+        for name, read in unread.items():
+            self._read_event(batches[name], read)
 
     def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
         """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""

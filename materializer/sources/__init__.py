@@ -42,9 +42,20 @@ class SourceBatch:
     lag: dict[str, int] | None = None
     """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
     ``{"records": n}`` (None: unknown)."""
+    verify: "Callable[[], int] | None" = None
+    """Checks deferred to the staging job (None: ``documents`` is already checked). The consumer
+    calls it once the batch's rows are staged and before the epoch is committed: it raises the
+    source's error for bad input (the consumer then deletes what it staged and commits nothing),
+    else returns the batch's document count, which ``count`` (0 until then) becomes. Only the
+    first action on ``documents`` is observed, so it must be the one that stages them in full."""
 
 
 class Source(ABC):
+    defer_checks = False
+    """Set by a consumer that stages every batch it reads and calls ``SourceBatch.verify`` before
+    committing (the runtime): the source may then check documents in the staging job instead of
+    a job of its own. Others (tests, recover) get batches checked by ``next_batch``."""
+
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         self.binding = binding
         self.spool = spool
