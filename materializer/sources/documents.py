@@ -416,6 +416,7 @@ class DocumentsSource(Source):
             return None
         declared = self.declared_schema(spark)
         reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
+        _change_controlled(reader, self.binding)
         parsed = reader.parsed(plan)
         count, schema = reader.check(parsed)
         return SourceBatch(
@@ -426,6 +427,14 @@ class DocumentsSource(Source):
             explain=reader.explain,
             lag={"files": plan.lag_files, "bytes": plan.lag_bytes},
         )
+
+
+def _change_controlled(reader: "_Reader", binding: Any) -> None:
+    """Give the reader the binding's sequence paths and the names its table keeps for itself."""
+    from materializer.changes import hidden_columns
+
+    reader.sequence_by = list(binding.sequence_by)
+    reader.hidden = hidden_columns(binding)
 
 
 def _quote(name: str) -> str:
@@ -448,6 +457,12 @@ class _Reader:
         """The file names behind ``_seq.file`` values (the last segment of Spark's path URI)."""
         self.done: dict[str, int] = {}
         """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
+        self.sequence_by: list[str] = []
+        """The binding's ``sequence_by`` paths: checked per document, and read into ``__sequence``."""
+        self.hidden: tuple[str, ...] = ()
+        """Top-level names the table keeps for itself (materializer.changes), refused in documents."""
+        self.shape: Shape = None
+        """The epoch's merged shape, once :meth:`check` ran (types the sequence fields)."""
 
     # --- reading ---
 
@@ -523,7 +538,7 @@ class _Reader:
 
         v = F.col("__v")
         value = F.col("value")
-        named = self.keys + [OP, SEQ, "_meta"]
+        named = self.keys + [OP, SEQ, "_meta", *self.hidden]
         parts = v.try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in named]))
 
         def kind(x: "Column") -> "Column":
@@ -541,8 +556,12 @@ class _Reader:
             got = parts[key]
             rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
             rules.append((kind(got).startswith("OBJECT") | kind(got).startswith("ARRAY"), f"key field {key!r} must be a scalar"))
-        for name in (OP, SEQ):
+        for name in (OP, SEQ, *self.hidden):
             rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
+        if self.sequence_by:
+            from materializer.changes import sequence_rules
+
+            rules += sequence_rules(v, self.sequence_by)
         meta = parts["_meta"]
         rules.append((meta.isNotNull() & F.is_variant_null(meta), "'_meta' is null; it must be an object such as {\"_meta\": {\"op\": \"d\"}} or be left out"))
         rules.append((meta.isNotNull() & ~kind(meta).startswith("OBJECT"), "'_meta' must be an object such as {\"op\": \"d\"}"))
@@ -605,6 +624,7 @@ class _Reader:
 
             return 0, self.declared or T.StructType([])
         shape = parse_shape(row["shape"])
+        self.shape = shape
         problems = self._single_problems(shape)
         if problems:
             raise self._shape_error(checked, problems)
@@ -708,6 +728,10 @@ class _Reader:
         doc = _with_void(F.col("__v").cast(_void_as(schema)), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
         columns = [] if doc is None else [doc[f.name].alias(f.name) for f in schema.fields]
+        if self.sequence_by:
+            from materializer.changes import SEQUENCE, sequence_column
+
+            columns.append(sequence_column(F.col("__v"), self.sequence_by, self.shape, self.store.uri).alias(SEQUENCE))
         return parsed.select(*columns, op.alias(OP), F.col(SEQ))
 
     def explain(self, exc: BaseException) -> SourceError | None:
