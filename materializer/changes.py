@@ -245,6 +245,8 @@ def first_rows(rows: "DataFrame", binding: BindingConfig) -> "DataFrame":
     staged_only = [c for c in (RESET, FROM) if c in rows.columns]
     if not tombstones(binding):
         return rows.filter(F.col(OP) != "d").drop(OP, *staged_only)
+    if not binding.sequence_by:
+        rows = rows.filter(F.col(OP) != "d")  # soft deletes of keys no table holds: nothing to mark
     out = merge_source(rows, binding)
     if not binding.soft_delete:
         deleted = F.col(OP) == F.lit("d")

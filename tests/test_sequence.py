@@ -86,6 +86,7 @@ def test_meta_paths_are_allowed_in_sequence_by() -> None:
 # --- sequence_by ---------------------------------------------------------------------------------
 
 
+@pytest.mark.spark
 def test_highest_sequence_wins_within_and_across_epochs_and_deletes_leave_tombstones(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     # Epoch 1: key 1 twice, the first line is the newer; key 2 deleted before it is ever upserted.
@@ -111,6 +112,7 @@ def test_highest_sequence_wins_within_and_across_epochs_and_deletes_leave_tombst
     _check_oracle(spark, config)
 
 
+@pytest.mark.spark
 def test_meta_sequence_orders_and_never_lands(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [
@@ -131,6 +133,7 @@ def test_meta_sequence_orders_and_never_lands(spark: Any, tmp_path: Path) -> Non
     _check_oracle(spark, config)
 
 
+@pytest.mark.spark
 def test_several_sequence_fields_compare_in_order_and_strings_as_text(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [
@@ -144,6 +147,7 @@ def test_several_sequence_fields_compare_in_order_and_strings_as_text(spark: Any
     _check_oracle(spark, config)
 
 
+@pytest.mark.spark
 def test_a_change_without_its_sequence_stops_the_run_naming_the_line(spark: Any, tmp_path: Path) -> None:
     from materializer.errors import SourceError
 
@@ -153,6 +157,7 @@ def test_a_change_without_its_sequence_stops_the_run_naming_the_line(spark: Any,
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.spark
 def test_a_reserved_column_name_in_a_document_is_refused(spark: Any, tmp_path: Path) -> None:
     from materializer.errors import SourceError
 
@@ -161,6 +166,7 @@ def test_a_reserved_column_name_in_a_document_is_refused(spark: Any, tmp_path: P
         _run(spark, _config(tmp_path, sequence_by=["ts"]))
 
 
+@pytest.mark.spark
 def test_shuffled_sequences_with_late_deletes_match_the_oracle(spark: Any, tmp_path: Path) -> None:
     rng = random.Random(16)
     changes = []
