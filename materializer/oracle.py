@@ -435,6 +435,95 @@ def documents_changes(binding: BindingConfig, max_documents: int) -> Expected:
     )
 
 
+@register("documents", "scd2")
+def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
+    """``mode: scd2`` (materializer/changes.py's rules, written again plainly), epoch by epoch: the
+    epoch's changes (one per key and start, the last in file order; the start is the sequence, or
+    the epoch's number) join the stored versions of their keys, the change replacing a stored
+    version of the same start; in start order, runs of upserts with unchanged tracked fields (every
+    upsert alone without ``track_history``) are one version holding the values of the run's
+    latest change; a delete is a row of its own; a version ends where the next starts."""
+    if binding.delete_when:
+        return Expected(binding=binding.name, verified=False, reason="delete_when is SQL, which the oracle does not evaluate")
+    sequenced = bool(binding.sequence_by)
+    tracking = binding.track_history is not None or bool(binding.track_history_except)
+
+    def lands(name: str) -> bool:
+        if name in binding.key:
+            return True
+        if binding.columns is not None:
+            return name in binding.columns
+        return name not in binding.except_columns
+
+    def tracked(fields: Row) -> Row:
+        names = set(fields) | set(all_fields)
+        if binding.track_history is not None:
+            names &= set(binding.track_history)
+        names -= set(binding.track_history_except) | set(binding.key)
+        return {n: fields.get(n) for n in sorted(names)}
+
+    # key -> [{"start", "seq", "op", "fields"}] in start order
+    stored: dict[Key, list[dict[str, Any]]] = {}
+    all_fields: set[str] = set()
+    count = 0
+    by_file: dict[str, list[tuple[int, Row]]] = {}
+    for name, line, doc in documents(binding.source.path):
+        by_file.setdefault(name, []).append((line, doc))
+        count += 1
+    for epoch, group in enumerate(file_epochs(binding), start=1):
+        changes: dict[tuple[Key, Any], dict[str, Any]] = {}
+        for name in group:
+            for _line, doc in by_file.get(name, []):
+                seq = _sequence(binding, doc) if sequenced else (Decimal(epoch),)
+                fields = {f: v for f, v in _fields(doc).items() if lands(f)}
+                all_fields.update(f for f in fields if f not in binding.key)
+                k = key_of(doc, binding.key)
+                changes[(k, seq)] = {"start": seq, "seq": seq, "op": "d" if _is_delete(doc) else "u", "fields": fields}
+        for k in {k for k, _seq in changes}:
+            events = {e["start"]: e for e in stored.get(k, [])}
+            events.update({c["start"]: c for (ck, _s), c in changes.items() if ck == k})
+            runs: list[dict[str, Any]] = []
+            previous: dict[str, Any] | None = None
+            for start in sorted(events):
+                e = events[start]
+                if previous is not None and e["op"] == "d" and previous["op"] == "d":
+                    continue  # consecutive deletes are one
+                opens = (
+                    previous is None or previous["op"] == "d" or e["op"] == "d" or not tracking
+                    or tracked(previous["fields"]) != tracked(e["fields"])
+                )
+                if opens:
+                    runs.append({"start": start, "op": e["op"], "seq": e["seq"], "fields": e["fields"]})
+                elif e["seq"] > runs[-1]["seq"]:
+                    runs[-1].update(seq=e["seq"], fields=e["fields"])
+                previous = e
+            stored[k] = runs
+    rows: dict[Key, Counter[str]] = {}
+
+    def point(seq: tuple[Any, ...]) -> Any:
+        if not sequenced or len(seq) == 1:
+            return seq[0]
+        return {path.replace(".", "__"): value for path, value in zip(binding.sequence_by, seq)}
+
+    for k, runs in stored.items():
+        counter: Counter[str] = Counter()
+        for i, run in enumerate(runs):
+            end = runs[i + 1]["start"] if i + 1 < len(runs) else None
+            deleted = run["op"] == "d"
+            row = dict(run["fields"]) if not deleted else {f: v for f, v in run["fields"].items() if f in binding.key}
+            row.update({
+                "__start_at": point(run["start"]), "__end_at": None if end is None else point(end),
+                "__current": end is None and not deleted, "__deleted": deleted,
+            })
+            if sequenced:
+                row["__sequence"] = {path.replace(".", "__"): v for path, v in zip(binding.sequence_by, run["seq"])}
+            counter[canonical(row)] += 1
+        rows[k] = counter
+    return Expected(
+        binding=binding.name, verified=True, unique_keys=False, rows=rows, epochs=len(file_epochs(binding)), documents=count,
+    )
+
+
 def expected(binding: BindingConfig, max_documents: int) -> Expected:
     """The oracle's expectation for one binding, or ``verified=False`` with the reason."""
     if binding.source.format == "documents" and binding.mode == "standard" and binding.change_controlled:
