@@ -387,8 +387,9 @@ def scd2_versions(staged: "DataFrame", existing: "DataFrame | None", binding: Bi
     ``__deleted``) and the epoch's changes; at one start the epoch's change replaces the stored one
     (file order). A run of upserts whose tracked fields do not change is one version: it starts at
     the run's first change and holds the values of its last (``__sequence`` says which that is). A
-    version ends where the next run starts; a delete is a run of its own (a row with ``__deleted``,
-    kept so a late change before it still ends there). Without ``track_history`` every change is a
+    version ends where the next run starts; each delete is a run of its own (a row with
+    ``__deleted``, kept so a late change before it still ends there; two deletes in a row stay two
+    rows, since a late upsert may fall between them). Without ``track_history`` every change is a
     version of its own, so a late change lands exactly in its place."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -427,8 +428,7 @@ def scd2_versions(staged: "DataFrame", existing: "DataFrame | None", binding: Bi
     if binding.track_history is None and not binding.track_history_except:
         same = F.lit(False)  # every change is a version
     opens = prev_op.isNull() | (prev_op == "d") | (F.col(OP) == "d") | ~same
-    # Consecutive deletes are one delete: the first.
-    opens = opens & ~((F.col(OP) == "d") & (prev_op == "d"))
+    # Every delete is a row of its own, even right after another: a late upsert may land between.
     events = events.withColumn("__run", F.sum(opens.cast("int")).over(order.rowsBetween(Window.unboundedPreceding, 0)))
     runs = events.groupBy(*keys, F.col("__run")).agg(
         F.min(F.col(START_AT)).alias(START_AT),

@@ -486,8 +486,6 @@ def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
             previous: dict[str, Any] | None = None
             for start in sorted(events):
                 e = events[start]
-                if previous is not None and e["op"] == "d" and previous["op"] == "d":
-                    continue  # consecutive deletes are one
                 opens = (
                     previous is None or previous["op"] == "d" or e["op"] == "d" or not tracking
                     or tracked(previous["fields"]) != tracked(e["fields"])

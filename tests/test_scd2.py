@@ -82,3 +82,22 @@ def test_track_history_updates_untracked_fields_in_place(spark: Any, tmp_path: P
     ), key=repr)
     assert rows == [("a", "n2", 1, 3), ("b", "n4", 3, None)]
     _check(spark, config)
+
+
+@pytest.mark.parametrize("track", [{}, {"track_history": ["v"]}])
+def test_shuffled_changes_with_late_deletes_and_duplicates_match_the_oracle(spark: Any, tmp_path: Path, track: dict[str, Any]) -> None:
+    from tests.test_sequence_crash import changes
+
+    changes(tmp_path / "src", files=4, per_file=10, keys=5, seed=29)
+    config = _config(tmp_path, max_files=1, mode="scd2", sequence_by=["ts"], **track)
+    _run(spark, config)
+    _check(spark, config)
+    # Each key's versions tile its history: every version ends where the next starts.
+    rows = spark.read.format("delta").load(str(tmp_path / "t")).collect()
+    by_key: dict[Any, list[Any]] = {}
+    for r in rows:
+        by_key.setdefault(r["id"], []).append((r["__start_at"], r["__end_at"], r["__current"]))
+    for versions in by_key.values():
+        versions.sort()
+        assert [v[1] for v in versions[:-1]] == [v[0] for v in versions[1:]]
+        assert versions[-1][1] is None and sum(v[2] for v in versions) <= 1
