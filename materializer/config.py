@@ -192,13 +192,38 @@ class BindingConfig(Model):
     """Delta table: a path, an ``s3a://`` URI, or a catalog name ``catalog.schema.table``."""
     key: list[str] = Field(min_length=1)
     """Key fields: one row per key in standard mode."""
-    mode: Literal["standard", "delta_updates"] = "standard"
-    """``standard``: fully reduced rows, MERGE by key; ``delta_updates``: append per-epoch combines."""
+    mode: Literal["standard", "delta_updates", "scd2"] = "standard"
+    """``standard``: fully reduced rows, MERGE by key; ``delta_updates``: append per-epoch combines;
+    ``scd2``: every version of a key kept, with ``__start_at`` / ``__end_at`` / ``__current``
+    (README: 'Change semantics')."""
     reductions: dict[str, Strategy] = Field(default_factory=dict)
     """Per-field reduction strategy; fields not listed are lastWriteWins."""
     previous_names: list[str] = Field(default_factory=list)
     """Names this binding had before (a rename): its recovery-log state and the table's commits
     tagged with an old name are taken over, so the source is not read again from the start."""
+    sequence_by: list[str] = Field(default_factory=list)
+    """Fields that order the changes of a key, compared in the order given (dotted paths, e.g.
+    ``updated_at`` or ``_meta.source.lsn``; ``_meta`` paths order but never land in the table).
+    The highest sequence wins, within an epoch and across epochs (a late, older change is
+    ignored, in the MERGE); ties go by file order. Deletes leave a tombstone row
+    (``__deleted``); the table keeps the sequence in ``__sequence``."""
+    columns: list[str] | None = None
+    """Only these top-level fields land in the table (the key fields always do)."""
+    except_columns: list[str] = Field(default_factory=list)
+    """These top-level fields never land in the table."""
+    ignore_null_updates: bool = False
+    """A NULL (or missing) field in a change keeps the stored value instead of overwriting it."""
+    delete_when: str | None = None
+    """A Spark SQL condition over a document's fields that makes it a delete (as ``_meta.op: d``
+    does), e.g. ``"op = 'DELETE'"``."""
+    soft_delete: bool = False
+    """Deletes mark the row (``__deleted = true``, ``__deleted_at`` = the time of the apply)
+    instead of removing it; a later upsert of the key clears the mark."""
+    track_history: list[str] | None = None
+    """``mode: scd2``: only a change of these fields opens a new version; a change of the others
+    updates the current version in place."""
+    track_history_except: list[str] = Field(default_factory=list)
+    """``mode: scd2``: a change of only these fields updates the current version in place."""
     adopt_table: bool = False
     """Write to a table that holds commits of another pipeline, another binding, or another
     writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
@@ -233,6 +258,61 @@ class BindingConfig(Model):
             if old == self.name:
                 raise ValueError(f"previous_names: {old!r} is the binding's own name")
         return self
+
+    @model_validator(mode="after")
+    def _change_semantics(self) -> "BindingConfig":
+        """Sequencing, column control and history: combinations that are built, paths that parse."""
+        for path in self.sequence_by:
+            parts = path.split(".")
+            if not all(_IDENT.match(p) for p in parts):
+                raise ValueError(
+                    f"sequence_by: {path!r} is not a dotted field path (letters, digits, underscores, e.g. 'updated_at' "
+                    "or '_meta.source.lsn')"
+                )
+            if parts[0] == "_meta" and len(parts) < 2:
+                raise ValueError("sequence_by: '_meta' is not a field: name one inside it, e.g. '_meta.source.lsn'")
+            if parts[0] in ("_op", "_seq"):
+                raise ValueError(f"sequence_by: {path!r} is reserved by the materializer")
+        if len(set(self.sequence_by)) != len(self.sequence_by):
+            raise ValueError(f"sequence_by: fields repeat: {self.sequence_by}")
+        if self.columns is not None and self.except_columns:
+            raise ValueError("give columns (what lands) or except_columns (what does not), not both")
+        for field in self.except_columns:
+            if field in self.key:
+                raise ValueError(f"except_columns: {field!r} is a key field, and key fields always land")
+        controlled = bool(
+            self.sequence_by or self.columns is not None or self.except_columns or self.ignore_null_updates
+            or self.delete_when or self.soft_delete
+        )
+        if self.mode == "delta_updates" and controlled:
+            raise ValueError(
+                "sequence_by, columns, except_columns, ignore_null_updates, delete_when and soft_delete are for "
+                "mode standard or scd2 (delta_updates appends every epoch's changes as they are)"
+            )
+        if (controlled or self.mode == "scd2") and any(s != "lastWriteWins" for s in self.reductions.values()):
+            raise ValueError(
+                "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes "
+                "or mode scd2 yet: a change is the whole latest row there (README: 'Change semantics')"
+            )
+        if self.mode != "scd2" and (self.track_history is not None or self.track_history_except):
+            raise ValueError("track_history and track_history_except are for mode scd2")
+        if self.track_history is not None and self.track_history_except:
+            raise ValueError("give track_history or track_history_except, not both")
+        if self.mode == "scd2" and self.soft_delete:
+            raise ValueError("soft_delete is for mode standard: in mode scd2 a delete closes the current version")
+        if self.mode == "scd2" and self.ignore_null_updates:
+            raise ValueError("ignore_null_updates is for mode standard (not built for scd2 yet)")
+        if self.source.format == "cdcv2" and (self.sequence_by or self.mode == "scd2"):
+            raise ValueError("sequence_by and mode scd2 are for documents sources (CDC v2 statements carry their own times)")
+        return self
+
+    @property
+    def change_controlled(self) -> bool:
+        """Rows go through :mod:`materializer.changes` (sequence, tombstones, column control, history)."""
+        return bool(
+            self.sequence_by or self.columns is not None or self.except_columns or self.ignore_null_updates
+            or self.delete_when or self.soft_delete or self.mode == "scd2"
+        )
 
     @property
     def needs_loads(self) -> bool:

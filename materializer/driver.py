@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from materializer import crash
+from materializer import changes, crash
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
     TXN_APP_ID,
@@ -316,6 +316,8 @@ class DeltaDriver(Driver):
                 rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
             elif binding.mode == "delta_updates":
                 rows = source
+            elif binding.change_controlled:
+                rows = changes.first_rows(source, binding, epoch)
             else:
                 rows = source.filter(F.col(OP) != "d").drop(OP)
             if table_exists:
@@ -345,16 +347,27 @@ class DeltaDriver(Driver):
 
         target_schema = read_table(self.apply_spark, table).schema
         aligned = _align(source, target_schema, keep_extra=True)
+        if binding.mode == "scd2":
+            # Every version of the touched keys, from the staged changes and the table's versions
+            # (read by this MERGE's own source, so from the snapshot it commits on).
+            aligned = changes.scd2_versions(aligned, read_table(self.apply_spark, table), binding, epoch)
+        elif binding.change_controlled:
+            aligned = changes.merge_source(aligned, binding)  # the hidden columns, as they are set
         # Delta's SQL, not the Python DeltaTable API: on Spark Connect that API needs a server
         # plugin (delta-connect) that servers, Databricks' included, need not have.
         view = f"materializer_staged_{uuid.uuid4().hex}"
         aligned.createOrReplaceTempView(view)
         evolve = ""
-        if _shape(aligned.drop(OP).schema) != _shape(target_schema):
+        if _shape(aligned.drop(OP, *changes.staged_only(aligned.columns)).schema) != _shape(target_schema):
             # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
             # on a 10M-row table here) even when there is nothing to evolve.
             evolve = " WITH SCHEMA EVOLUTION"
-        merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve)
+        if binding.mode == "scd2":
+            merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve)
+        elif binding.change_controlled:
+            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve)
+        else:
+            merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve)
         try:
             rows = self.apply_spark.sql(merge).collect()
         finally:

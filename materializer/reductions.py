@@ -110,6 +110,10 @@ def reduce(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingC
     the table exists); None folds from nothing, as delta-updates mode and a new table do.
     """
     check_supported(binding)
+    if binding.change_controlled:
+        from materializer import changes  # sequences, tombstones, column control, history
+
+        return changes.combine(documents, binding)
     if not reduced_fields(binding):
         return combine(documents, binding)
     return _fold(documents, loaded, binding)

@@ -416,12 +416,15 @@ class DocumentsSource(Source):
             return None
         declared = self.declared_schema(spark)
         reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
+        _change_controlled(reader, self.binding)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
-        if declared is not None and until is None and self.defer_checks:
+        if declared is not None and until is None and self.defer_checks and not reader.sequence_by:
             # The types are known before reading: the checks ride along with the staging job (one
             # parse per epoch), and the runtime calls verify before committing. Without a schema
-            # the cast needs the epoch's types first, so a job of its own checks and infers them.
+            # the cast needs the epoch's types first, so a job of its own checks and infers them;
+            # so does sequence_by, whose fields (``_meta`` paths too) are typed by the epoch's shape
+            # (a string sequence read as a number would be NULL, and order nothing).
             documents, verify = reader.deferred(parsed)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
@@ -436,6 +439,14 @@ class DocumentsSource(Source):
             explain=reader.explain,
             lag=lag,
         )
+
+
+def _change_controlled(reader: "_Reader", binding: Any) -> None:
+    """Give the reader the binding's sequence paths and the names its table keeps for itself."""
+    from materializer.changes import hidden_columns
+
+    reader.sequence_by = list(binding.sequence_by)
+    reader.hidden = hidden_columns(binding)
 
 
 def _quote(name: str) -> str:
@@ -460,6 +471,12 @@ class _Reader:
         """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
         self._parsed: DataFrame | None = None
         """The parsed documents when their checks are deferred to the staging job (:meth:`deferred`)."""
+        self.sequence_by: list[str] = []
+        """The binding's ``sequence_by`` paths: checked per document, and read into ``__sequence``."""
+        self.hidden: tuple[str, ...] = ()
+        """Top-level names the table keeps for itself (materializer.changes), refused in documents."""
+        self.shape: Shape = None
+        """The epoch's merged shape, once :meth:`check` ran (types the sequence fields)."""
 
     # --- reading ---
 
@@ -536,7 +553,7 @@ class _Reader:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        named = self.keys + [OP, SEQ, "_meta"] + [f.name for f in (self.declared.fields if self.declared else [])]
+        named = self.keys + [OP, SEQ, "_meta", *self.hidden] + [f.name for f in (self.declared.fields if self.declared else [])]
         return F.col("__v").try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in dict.fromkeys(named)]))
 
     def problem(self) -> "Column":
@@ -564,8 +581,12 @@ class _Reader:
             got = parts[key]
             rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
             rules.append((F.left(kind(got), F.lit(1)).isin("O", "A"), f"key field {key!r} must be a scalar"))  # OBJECT<…>, ARRAY<…>
-        for name in (OP, SEQ):
+        for name in (OP, SEQ, *self.hidden):
             rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
+        if self.sequence_by:
+            from materializer.changes import sequence_rules
+
+            rules += sequence_rules(v, self.sequence_by)
         meta = parts["_meta"]
         rules.append((meta.isNotNull() & F.is_variant_null(meta), "'_meta' is null; it must be an object such as {\"_meta\": {\"op\": \"d\"}} or be left out"))
         rules.append((meta.isNotNull() & ~kind(meta).startswith("OBJECT"), "'_meta' must be an object such as {\"op\": \"d\"}"))
@@ -644,6 +665,7 @@ class _Reader:
 
             return 0, self.declared or T.StructType([])
         shape = parse_shape(row["shape"])
+        self.shape = shape
         problems = self._single_problems(shape)
         if problems:
             raise self._shape_error(checked, problems)
@@ -777,6 +799,10 @@ class _Reader:
         doc = _with_void(F.col("__v").cast(_void_as(schema)), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
         columns = [] if doc is None else [doc[f.name].alias(f.name) for f in schema.fields]
+        if self.sequence_by:
+            from materializer.changes import SEQUENCE, sequence_column
+
+            columns.append(sequence_column(F.col("__v"), self.sequence_by, self.shape, self.store.uri).alias(SEQUENCE))
         return parsed.select(*columns, op.alias(OP), F.col(SEQ))
 
     def explain(self, exc: BaseException) -> SourceError | None:

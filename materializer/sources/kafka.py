@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import SEQ, Source, SourceBatch
-from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _Reader, parse_schema
+from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -423,6 +423,7 @@ class KafkaSource(Source):
         reader = _KafkaReader(
             spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
         )
+        _change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
