@@ -71,3 +71,43 @@ def test_the_source_block_is_under_meta_source_and_the_table_and_its_order_are_u
     # _meta is read, never landed; the later offset wins whatever its lsn.
     assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "name": "a2"}, (3,): {"id": 3, "name": "c"}}
     assert sorted(spark.read.format("delta").load(str(table)).columns) == ["id", "name"]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_sequence_by_the_lsn_orders_debezium_changes_across_partitions_and_epochs(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    """``sequence_by: [_meta.source.lsn]``: the highest LSN wins within an epoch whatever the
+    offsets, and a late, older change (an update or a delete) in a later epoch changes nothing."""
+    broker.create_topic("dbz-seq", 2)
+    pg = {"connector": "postgresql"}
+    first = [
+        # Key 1 in both partitions (a re-partitioned topic): the higher LSN is at the lower offset.
+        (b"1", _event("u", None, {"id": 1, "name": "new"}, {**pg, "lsn": 3000}), 0),
+        (b"1", _event("u", None, {"id": 1, "name": "old"}, {**pg, "lsn": 2000}), 1),
+        (b"2", _event("c", None, {"id": 2, "name": "b"}, {**pg, "lsn": 2500}), 1),
+    ]
+    broker.produce("dbz-seq", first)
+    table = tmp_path / "tables" / "s"
+    binding = {**kafka_binding(broker, "s", "dbz-seq", table, payload="debezium"), "sequence_by": ["_meta.source.lsn"]}
+    config = load_config(write_config(tmp_path, [binding]))
+    Runtime(config, spark).run()
+    assert {k: v["name"] for k, v in _live(spark, table).items()} == {1: "new", 2: "b"}
+
+    late = [
+        (b"1", _event("u", None, {"id": 1, "name": "stale"}, {**pg, "lsn": 1000}), 1),
+        (b"2", _event("d", {"id": 2, "name": "b"}, None, {**pg, "lsn": 100}), 0),  # older than the row
+        (b"3", _event("c", None, {"id": 3, "name": "c"}, {**pg, "lsn": 4000}), 0),
+    ]
+    broker.produce("dbz-seq", late)
+    Runtime(config, spark).run()
+    assert {k: v["name"] for k, v in _live(spark, table).items()} == {1: "new", 2: "b", 3: "c"}
+    # _meta never lands; the table keeps the sequence it compares with.
+    columns = spark.read.format("delta").load(str(table)).columns
+    assert "_meta" not in columns and "__sequence" in columns
+
+
+def _live(spark: Any, table: Path) -> dict[int, dict[str, Any]]:
+    rows = spark.read.format("delta").load(str(table)).where("NOT coalesce(__deleted, false)").collect()
+    return {r["id"]: r.asDict() for r in rows}
