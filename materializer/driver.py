@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash
+from materializer.bounds import bound_aggregates, bounds_condition, bounds_from
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
     TXN_APP_ID,
@@ -48,6 +49,7 @@ from materializer.delta import (
     user_metadata,
 )
 from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
+from materializer.layout import create_table_sql, is_already_exists, layout_problems
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -205,12 +207,18 @@ class DeltaDriver(Driver):
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
                 ):
-                    metrics = self._commit(binding, table, epoch, source, state.exists)
+                    metrics = self._commit(binding, table, epoch, source, state.exists, staged.key_bounds if staged else None)
             except Exception as exc:  # noqa: BLE001
                 # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
                 # which a zombie's MERGE meets after the new writer evolved the schema or created
                 # the table: another writer committed meanwhile, so look again.
                 if is_commit_conflict(exc):
+                    continue
+                if is_already_exists(exc):
+                    # The table appeared between our look and our CREATE: fine if it is another
+                    # run of this pipeline (the loop finds the epoch applied, or merges into it);
+                    # another writer's table is not written blindly (README: 'Table layout').
+                    self._check_created_by_us(binding, table, epoch)
                     continue
                 if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
                     raise
@@ -303,23 +311,28 @@ class DeltaDriver(Driver):
             self.apply_spark.removeTag(self._apply_group)
 
     def _commit(
-        self, binding: BindingConfig, table: TableRef, epoch: int, source: "DataFrame | None", table_exists: bool
+        self,
+        binding: BindingConfig,
+        table: TableRef,
+        epoch: int,
+        source: "DataFrame | None",
+        table_exists: bool,
+        key_bounds: "dict[str, list[str]] | None" = None,
     ) -> dict[str, int] | None:
         """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
         from pyspark.sql import functions as F
 
         meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
-        if source is None or binding.mode == "delta_updates" or not table_exists:
-            # Appends: delta-updates rows; the first rows of a new table; or no rows at all, which
-            # still records the epoch on the table (an empty commit carrying the txn id).
+        if source is not None and not table_exists:
+            return self._create(binding, table, source)
+        if source is None or binding.mode == "delta_updates":
+            # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
+            # records the epoch on the table (an empty commit carrying the txn id).
             if source is None:
                 rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
-            elif binding.mode == "delta_updates":
-                rows = source
             else:
-                rows = source.filter(F.col(OP) != "d").drop(OP)
-            if table_exists:
-                rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
+                rows = source
+            rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
             from pyspark.sql import Observation
 
             # Counted as the rows are written (no second pass), for the epoch's progress record.
@@ -333,7 +346,7 @@ class DeltaDriver(Driver):
                 .option("userMetadata", meta)
                 .option("mergeSchema", "true")
             )
-            before = table_version(self.apply_spark, table) if table_exists else None
+            before = table_version(self.apply_spark, table)
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             after = table_version(self.apply_spark, table)
             if after == before:
@@ -354,7 +367,9 @@ class DeltaDriver(Driver):
             # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
             # on a 10M-row table here) even when there is nothing to evolve.
             evolve = " WITH SCHEMA EVOLUTION"
-        merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve)
+        merge = merge_sql(
+            sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds_condition(key_bounds)
+        )
         try:
             rows = self.apply_spark.sql(merge).collect()
         finally:
@@ -362,6 +377,34 @@ class DeltaDriver(Driver):
         if not rows:
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
+
+    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> None:
+        if binding.adopt_table or table_state(self.apply_spark, table, self.config.pipeline_id).txn_version is not None:
+            return
+        raise TableStateError(
+            f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
+            f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
+            "Nothing was written to it. If the table is meant for this binding, set `adopt_table: true` on the binding "
+            "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
+        )
+
+    def _create(self, binding: BindingConfig, table: TableRef, source: "DataFrame") -> dict[str, int]:
+        """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
+        commit (the txn confs are set around this call). Raises Spark's "already exists" if the
+        table is there by now: the caller reads it again and merges (never a blind append)."""
+        from pyspark.sql import functions as F
+
+        rows = source if binding.mode == "delta_updates" else source.filter(F.col(OP) != "d").drop(OP)
+        view = f"materializer_new_{uuid.uuid4().hex}"
+        rows.createOrReplaceTempView(view)
+        try:
+            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns))
+        finally:
+            self.apply_spark.catalog.dropTempView(view)
+        # The CTAS returns no metrics; its history entry has them (one command, no Spark job).
+        found = self.apply_spark.sql(f"DESCRIBE HISTORY {sql_name(table)} LIMIT 1").select("operationMetrics").collect()
+        written = (found[0]["operationMetrics"] or {}).get("numOutputRows") if found else None
+        return {"appended": 1, "created": 1, **({"num_inserted_rows": int(written)} if written is not None else {})}
 
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
         """The target's schema, constraints and column mapping as they stand now (None: no table)."""
@@ -391,6 +434,8 @@ class DeltaDriver(Driver):
         if facts is not None:
             data = [f for f in schema.fields if f.name != OP or binding.mode == "delta_updates"]
             problems += _type_problems(data, facts.schema.fields, "")
+        else:
+            problems += layout_problems(binding, schema)  # the first epoch creates the table
         if problems:
             raise SourceError(
                 f"binding {binding.name}: the epoch's rows cannot be written to table {binding.table}: "
@@ -570,24 +615,35 @@ class DeltaDriver(Driver):
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
         df = _without_void(df)
-        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("error").parquet(
+        # The key bounds are observed on the same write (no second pass): the MERGE skips by them.
+        bounds, kinds = bound_aggregates(df.schema, self.config.binding(binding).key)
+        df.observe(observation, F.count(F.lit(1)).alias("rows"), *bounds).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
-        rows = int(observation.get["rows"])
+        observed = observation.get
+        rows = int(observed["rows"])
         data = [f for f in self.staging.list(path) if is_data_file(f.path)]
         if rows == 0:
             self.staging.delete_prefix(path)
             return None
-        return StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+        return StagedFile(
+            uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
+            key_bounds=bounds_from(observed, self.config.binding(binding).key, kinds) or None,
+        )
 
 
-def merge_sql(target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "") -> str:
-    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it."""
+def merge_sql(
+    target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "", target_filter: str = ""
+) -> str:
+    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it.
+
+    ``target_filter``: `` AND …`` predicates on the target alone (the epoch's key bounds,
+    :func:`materializer.bounds.bounds_condition`) that Delta uses to skip files."""
 
     def q(name: str) -> str:
         return "`" + name.replace("`", "``") + "`"
 
-    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key) + target_filter
     # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
     updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
     names = ", ".join(q(c) for c in columns)

@@ -45,6 +45,9 @@ class StagedFile(Model):
     """Total size of its data files; a different size at apply time means damage."""
     files: int
     """Number of data files in it."""
+    key_bounds: dict[str, list[str]] | None = None
+    """Least and greatest key of its rows per key column (:mod:`materializer.bounds`), added to the
+    MERGE condition so Delta skips the table's files outside them; None: not known."""
 
 
 class DriverCheckpoint(Model):
