@@ -50,6 +50,7 @@ from materializer.delta import (
 )
 from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
 from materializer.layout import create_table_sql, is_already_exists, layout_problems
+from materializer.widening import widened_schema, widening_enabled
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -332,7 +333,8 @@ class DeltaDriver(Driver):
                 rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
             else:
                 rows = source
-            rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
+            current = read_table(self.apply_spark, table).schema
+            rows = _align(rows, self._widened(table, rows, current), keep_extra=True)
             from pyspark.sql import Observation
 
             # Counted as the rows are written (no second pass), for the epoch's progress record.
@@ -357,7 +359,7 @@ class DeltaDriver(Driver):
                 return {"appended": 1}
 
         target_schema = read_table(self.apply_spark, table).schema
-        aligned = _align(source, target_schema, keep_extra=True)
+        aligned = _align(source, self._widened(table, source, target_schema), keep_extra=True)
         # Delta's SQL, not the Python DeltaTable API: on Spark Connect that API needs a server
         # plugin (delta-connect) that servers, Databricks' included, need not have.
         view = f"materializer_staged_{uuid.uuid4().hex}"
@@ -377,6 +379,15 @@ class DeltaDriver(Driver):
         if not rows:
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
+
+    def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
+        """The schema to align the epoch's rows to: the table's, with the columns its type widening
+        widens for these rows (so the MERGE's schema evolution widens them instead of a cast)."""
+        wider, changed = widened_schema(source.schema, target_schema)
+        if not changed:
+            return target_schema  # the usual case: no look at the table's properties
+        found = detail(self.apply_spark, table)
+        return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
 
     def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> None:
         if binding.adopt_table or table_state(self.apply_spark, table, self.config.pipeline_id).txn_version is not None:
@@ -419,6 +430,7 @@ class DeltaDriver(Driver):
             schema=read_table(self.spark, table).schema,
             constraints={k[len(CONSTRAINT_PREFIX) :]: v for k, v in properties.items() if k.startswith(CONSTRAINT_PREFIX)},
             column_mapping=properties.get("delta.columnMapping.mode", "none") not in ("none", ""),
+            type_widening=widening_enabled(properties),
         )
 
     def _check_schema(self, binding: BindingConfig, df: "DataFrame", facts: "_TableFacts | None") -> None:
@@ -428,11 +440,17 @@ class DeltaDriver(Driver):
         that differ only in case (Delta's columns are case-insensitive), and any type the table
         cannot hold losslessly, at any depth (a struct sub-field, an array element, a map value).
         """
+        from pyspark.sql.types import StructType
+
         schema = df.schema
         column_mapping = facts.column_mapping if facts is not None else _default_column_mapping(self.spark)
         problems = _name_problems(schema, "", refuse_characters=not column_mapping)
         if facts is not None:
             data = [f for f in schema.fields if f.name != OP or binding.mode == "delta_updates"]
+            if facts.type_widening:
+                # Columns the table widens (README: 'Type widening') are no problem.
+                _wider, widening = widened_schema(StructType(data), facts.schema)
+                data = [f for f in data if f.name not in widening]
             problems += _type_problems(data, facts.schema.fields, "")
         else:
             problems += layout_problems(binding, schema)  # the first epoch creates the table
@@ -452,6 +470,10 @@ class DeltaDriver(Driver):
         from pyspark.sql.types import DecimalType, IntegralType
 
         present = {f.name: f.dataType for f in schema.fields}
+        if facts.type_widening:
+            # A column the table widens holds every value: nothing to narrow there.
+            for name in widened_schema(schema, facts.schema)[1]:
+                present.pop(name)
         narrowable = [
             f.name for f in facts.schema.fields
             if f.name in present and present[f.name] != f.dataType
@@ -707,6 +729,8 @@ class _TableFacts:
     """CHECK constraints by name: their SQL expressions (``delta.constraints.*`` properties)."""
     column_mapping: bool
     """Column mapping is on: any character is allowed in names."""
+    type_widening: bool = False
+    """``delta.enableTypeWidening``: a wider type of the same family widens the column."""
 
 
 def _default_column_mapping(spark: "SparkSession") -> bool:
