@@ -207,6 +207,20 @@ class BindingConfig(Model):
     deletion_vectors: bool = True
     """Create the table with deletion vectors, so a MERGE marks replaced rows instead of rewriting
     whole files (an epoch costs what it touches). ``false`` for readers that cannot read them."""
+    on_invalid: Literal["fail", "dead_letter"] = "fail"
+    """A document that fails the checks: ``fail`` stops the run naming file and line (nothing of
+    the epoch is committed); ``dead_letter`` commits the epoch without it and writes it, with its
+    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents source)."""
+    dead_letter_table: str | None = None
+    """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
+    name with ``_dead_letters`` appended)."""
+
+    @property
+    def dead_letters(self) -> str | None:
+        """The dead-letter table, when this binding has one."""
+        if self.on_invalid != "dead_letter":
+            return None
+        return self.dead_letter_table or self.table.rstrip("/") + "_dead_letters"
 
     @field_validator("properties", mode="before")
     @classmethod
@@ -228,6 +242,13 @@ class BindingConfig(Model):
         problem = retention_problem(dict(self.properties))
         if problem:
             raise ValueError(f"properties: {problem}. Remove it")
+        if self.on_invalid == "dead_letter" and self.source.format != "documents":
+            raise ValueError(
+                "on_invalid: dead_letter is built for the documents source only so far; "
+                f"this source is {self.source.format} (use on_invalid: fail)"
+            )
+        if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
+            raise ValueError("dead_letter_table is for on_invalid: dead_letter")
         if any(k.lower() == DELETION_VECTORS.lower() for k in self.properties):
             raise ValueError(f"properties: set {DELETION_VECTORS} with `deletion_vectors: true|false` on the binding")
         return self

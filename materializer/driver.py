@@ -48,6 +48,7 @@ from materializer.delta import (
     table_version,
     user_metadata,
 )
+from materializer.dead_letters import for_epoch
 from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
 from materializer.layout import create_table_sql, is_already_exists, layout_problems
 from materializer.widening import widened_schema, widening_enabled
@@ -77,6 +78,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGED = "staged"
+DEAD_LETTER_SUFFIX = "__dead_letters"
+"""A binding's dead-letter rows are staged (and tagged) under its name with this suffix."""
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 """Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
 source changes between the MERGE's two passes. A staged file never changes (it is written once
@@ -97,6 +100,7 @@ def open_cleans(staging: FileStore, checkpoint: DriverCheckpoint | None) -> tupl
     """What an Open deletes (files of staged datasets the last committed entry does not reference,
     every scratch file) and what it keeps (the rest), as listed now. The drill checks with this."""
     keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
+    keep |= set() if checkpoint is None else {f.uri for f in checkpoint.dead_letters.values()}
     deleted, kept = [], []
     for info in staging.list(STAGED):
         (kept if dataset_of(info.path) in keep else deleted).append(info.path)
@@ -129,6 +133,7 @@ class DeltaDriver(Driver):
         self._written: set[str] = set()
         """Bindings whose tables hold rows of an applied epoch (so the table must exist)."""
         self._stored: dict[str, DataFrame] = {}
+        self._rejected: dict[str, DataFrame] = {}
         self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
         self._acknowledged: int | None = None
@@ -172,9 +177,16 @@ class DeltaDriver(Driver):
                 continue
             staged = message.driver_checkpoint.staged[binding.name]
             began = time.monotonic()
+            if binding.name in message.driver_checkpoint.truncate:
+                self._truncate(binding, epoch)
             result = self._apply(binding, epoch, staged)
             results.append(result)
             self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+            rejected = message.driver_checkpoint.dead_letters.get(binding.name)
+            if rejected is not None:
+                # crash here leaves the table applied and its dead letters not: the re-apply skips
+                # the table and appends them (their own txn record on the dead-letter table)
+                self._apply_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -182,6 +194,7 @@ class DeltaDriver(Driver):
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
         crash.crash_point("after-ack-before-gc", epoch)
         applied = [staged for staged in message.driver_checkpoint.staged.values() if staged is not None]
+        applied += list(message.driver_checkpoint.dead_letters.values())
         if applied:
             # Only while this writer holds the log (a fenced one leaves them to the newer writer,
             # whose first Acknowledge finds the epoch applied and deletes them).
@@ -380,6 +393,63 @@ class DeltaDriver(Driver):
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
 
+    def _truncate(self, binding: BindingConfig, epoch: int) -> None:
+        """Delete every row of the binding's table in the epoch's tagged commit (``backfill
+        --truncate``); skipped, by us or by Delta, once the table records the epoch."""
+        table = TableRef(binding.table)
+        for _attempt in range(CONCURRENT_RETRIES):
+            state = table_state(self.apply_spark, table, self.config.pipeline_id)
+            if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
+                return
+            try:
+                with self._txn(binding, epoch):
+                    # An empty table makes no commit: the _apply after this records the epoch.
+                    self.apply_spark.sql(f"DELETE FROM {sql_name(table)}").collect()
+                return
+            except Exception as exc:  # noqa: BLE001
+                if is_commit_conflict(exc):
+                    continue
+                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
+        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+
+    def _apply_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
+        """Append the epoch's rejected documents to the binding's dead-letter table, under the
+        epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
+        assert binding.dead_letters is not None
+        table = TableRef(binding.dead_letters)
+        app_id = self.config.pipeline_id
+        began = time.monotonic()
+        for _attempt in range(CONCURRENT_RETRIES):
+            state = table_state(self.apply_spark, table, app_id)
+            if state.txn_version is not None and state.txn_version >= epoch:
+                result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
+                break
+            rows = self._read_staged(binding, epoch, staged, table_exists=True)
+            assert rows is not None
+            writer = (
+                rows.write.format("delta")
+                .mode("append")
+                .option("txnAppId", app_id)
+                .option("txnVersion", str(epoch))
+                .option("userMetadata", user_metadata(app_id, binding.name + DEAD_LETTER_SUFFIX, epoch))
+            )
+            try:
+                with self._txn(binding, epoch):
+                    writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
+            except Exception as exc:  # noqa: BLE001
+                if is_commit_conflict(exc):
+                    continue
+                raise ApplyError(_refused(app_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
+            result = ApplyResult(
+                binding=binding.name, table=str(table), status="applied", rows=staged.rows,
+                delta_version=table_version(self.apply_spark, table), metrics={"dead_letters": staged.rows},
+            )
+            break
+        else:
+            raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+        self.collector.event("dead_letters_applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+        return result
+
     def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
         """The schema to align the epoch's rows to: the table's, with the columns its type widening
         widens for these rows (so the MERGE's schema evolution widens them instead of a cast)."""
@@ -572,6 +642,8 @@ class DeltaDriver(Driver):
 
     def store(self, message: Store) -> None:
         self._stored[message.binding] = dataframe(message.documents)
+        if message.rejected is not None:
+            self._rejected[message.binding] = dataframe(message.rejected)
 
     def prestage(self, message: Store, epoch: int) -> None:
         """Stage a binding's rows before Acknowledged, while the previous epoch is applied.
@@ -595,7 +667,13 @@ class DeltaDriver(Driver):
     def start_commit(self, message: StartCommit) -> StartedCommit:
         epoch = message.epoch
         staged: dict[str, StagedFile | None] = {}
+        dead: dict[str, StagedFile] = {}
         try:
+            for name, rejected in sorted(self._rejected.items()):
+                file = self._stage(f"{name}{DEAD_LETTER_SUFFIX}", epoch, for_epoch(rejected, name, epoch), key=[])
+                if file is not None:
+                    dead[name] = file
+            self._rejected = {}
             for binding in self.config.bindings:
                 df = self._stored.pop(binding.name, None)
                 # Left in _prestaged until adopted, so a refusal below discards it too.
@@ -619,17 +697,20 @@ class DeltaDriver(Driver):
                     self._check_rows(binding, file, df.schema, facts)
         except BaseException:
             self.discard_prestaged()
-            for file in staged.values():
+            self._rejected = {}
+            for file in [*staged.values(), *dead.values()]:
                 if file is not None:
                     self.staging.delete_prefix(file.uri)
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
         return StartedCommit(
-            driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written))
+            driver_checkpoint=DriverCheckpoint(
+                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead
+            )
         )
 
-    def _stage(self, binding: str, epoch: int, df: "DataFrame") -> StagedFile | None:
+    def _stage(self, binding: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
         """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -638,7 +719,8 @@ class DeltaDriver(Driver):
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
         df = _without_void(df)
         # The key bounds are observed on the same write (no second pass): the MERGE skips by them.
-        bounds, kinds = bound_aggregates(df.schema, self.config.binding(binding).key)
+        key = self.config.binding(binding).key if key is None else key
+        bounds, kinds = bound_aggregates(df.schema, key)
         df.observe(observation, F.count(F.lit(1)).alias("rows"), *bounds).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
@@ -650,7 +732,7 @@ class DeltaDriver(Driver):
             return None
         return StagedFile(
             uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
-            key_bounds=bounds_from(observed, self.config.binding(binding).key, kinds) or None,
+            key_bounds=bounds_from(observed, key, kinds) or None,
         )
 
 

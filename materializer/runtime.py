@@ -215,7 +215,7 @@ class Runtime:
                         rows = prestaged.get(name)
                         if rows is None:
                             rows = reductions.reduce(batch.documents, loaded.get(name), binding)
-                        self.driver.store(Store(binding=name, documents=rows))
+                        self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
 
                     # --- StartCommit / StartedCommit ---
                     started_commit = self.driver.start_commit(
@@ -306,6 +306,7 @@ class Runtime:
                     # Optional fields of SourceBatch (a source that does not know leaves them out).
                     bytes=getattr(batch, "bytes", None),
                     lag=getattr(batch, "lag", None),
+                    dead_letters=getattr(batch, "rejected_count", 0),
                     seconds=time.monotonic() - began,
                     at=at,
                 )

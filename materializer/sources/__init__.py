@@ -42,6 +42,10 @@ class SourceBatch:
     lag: dict[str, int] | None = None
     """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
     ``{"records": n}`` (None: unknown)."""
+    rejected: "DataFrame | None" = None
+    """``on_invalid: dead_letter``: the documents that failed the checks (``source``, ``line``,
+    ``reason``, ``document``), left out of ``documents``; None when there are none."""
+    rejected_count: int = 0
 
 
 class Source(ABC):

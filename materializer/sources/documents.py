@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from materializer.errors import ConfigError, SourceError
+from materializer.dead_letters import REASON, rejected_rows, split
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
 from materializer.storage import FileInfo, Store, open_store
 
@@ -415,10 +416,15 @@ class DocumentsSource(Source):
         if plan.empty:
             return None
         declared = self.declared_schema(spark)
-        reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
+        reader = _Reader(spark, store, self.binding.key, declared, checkpoint, dead_letter=self.binding.on_invalid == "dead_letter")
         parsed = reader.parsed(plan)
         count, schema = reader.check(parsed)
+        if reader.bad_files:
+            # on_invalid: dead_letter (README: 'Dead letters'): the valid documents go on.
+            parsed, _bad = split(parsed.withColumn(REASON, reader.problem()))
         return SourceBatch(
+            rejected=reader.rejected() if reader.bad_files else None,
+            rejected_count=reader.bad,
             documents=reader.rows(parsed, schema),
             checkpoint=plan.checkpoint(),
             count=count,
@@ -437,9 +443,15 @@ class _Reader:
 
     def __init__(
         self, spark: "SparkSession", store: Store, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None,
+        checkpoint: dict[str, Any] | None, *, dead_letter: bool = False,
     ) -> None:
         self.spark = spark
+        self.dead_letter = dead_letter
+        self.bad = 0
+        """Invalid documents of the epoch (set aside when ``dead_letter``)."""
+        self.bad_files: list[str] = []
+        """``_seq.file`` values of the files holding them (``dead_letter`` only)."""
+        self._lines: "DataFrame | None" = None
         self.store = store
         self.keys = keys
         self.declared = declared
@@ -505,6 +517,7 @@ class _Reader:
         if plan.files:
             parts.append(self._text([f.path for f in plan.files]))
         text = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self._lines = text
         return self._with_variant(text)
 
     @staticmethod
@@ -596,14 +609,19 @@ class _Reader:
             F.count(F.col("__problem")).alias("bad"),
             F.min(F.when(F.col("__problem").isNotNull(), F.col(SEQ))).alias("first"),
             F.schema_of_variant_agg(F.when(F.col("__problem").isNull(), F.col("__v"))).alias("shape"),
+            # The files of the invalid documents (a few names, never rows) for their line numbers.
+            *([F.collect_set(F.when(F.col("__problem").isNotNull(), F.col(f"{SEQ}.file"))).alias("files")] if self.dead_letter else []),
         ).first()
         assert row is not None
-        if row["bad"]:
+        self.bad = int(row["bad"])
+        if row["bad"] and self.dead_letter:
+            self.bad_files = sorted(row["files"])
+        elif row["bad"]:
             raise self._located(checked, row["first"], int(row["bad"]), None)
-        if row["n"] == 0:
+        if row["n"] == 0 or self.bad == row["n"]:
             from pyspark.sql import types as T
 
-            return 0, self.declared or T.StructType([])
+            return int(row["n"]), self.declared or T.StructType([])
         shape = parse_shape(row["shape"])
         problems = self._single_problems(shape)
         if problems:
@@ -699,6 +717,27 @@ class _Reader:
                 if found is not None:
                     return found
         return (problems or ["a document is refused"])[0]
+
+    # --- dead letters ---
+
+    def rejected(self) -> "DataFrame":
+        """The invalid documents with their file's URI, line number and problem (``dead_letter``).
+
+        Numbered as the error path numbers them: the lines of their files only, in file order
+        (blank lines counted), a part-read file's lines carrying their number already."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        assert self._lines is not None
+        file = F.col(f"{SEQ}.file")
+        order = Window.partitionBy(file).orderBy(F.col(f"{SEQ}.block"), F.col(f"{SEQ}.row"))
+        lines = self._lines.where(file.isin(self.bad_files)).withColumn(
+            "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.row_number().over(order))
+        )
+        checked = self._with_variant(lines).withColumn(REASON, self.problem())
+        _good, bad = split(checked)
+        names = F.create_map(*[x for f in self.bad_files for x in (F.lit(f), F.lit(f"{self.store.uri}/{self._name(f)}"))])
+        return rejected_rows(bad, names[file], F.col("__line"))
 
     # --- the rows ---
 
