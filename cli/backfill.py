@@ -46,7 +46,7 @@ def backfill(
     typer.echo(
         f"binding {summary.binding}: source set back {where} in epoch {summary.reset_epoch}"
         + (" (table truncated)" if summary.truncated else "")
-        + f"; read again in epochs {summary.epochs[1:] or 'none yet'}; the log is at epoch {summary.last_epoch}"
+        + f"; read again in epochs {summary.epochs or 'none yet'}; the log is at epoch {summary.last_epoch}"
     )
 
 

@@ -186,6 +186,7 @@ class DeltaDriver(Driver):
             if rejected is not None:
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
                 # the table and appends them (their own txn record on the dead-letter table)
+                crash.crash_point("after-apply", epoch)
                 self._apply_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former

@@ -239,7 +239,10 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     before = last.driver_checkpoint.dead_letters if last is not None and last.driver_checkpoint is not None and last_epoch == target else {}
     dead = {n: f for n, f in before.items() if n not in restage}
     dead.update({n: f for n, f in started.driver_checkpoint.dead_letters.items() if n in restage})
-    driver_checkpoint = DriverCheckpoint(epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead)
+    truncate = list(last.driver_checkpoint.truncate) if last is not None and last.driver_checkpoint is not None and last_epoch == target else []
+    driver_checkpoint = DriverCheckpoint(
+        epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate
+    )
     entry = log.commit(target, new_checkpoint, driver_checkpoint)
     summary.recommitted_epoch = target
     summary.actions.append(

@@ -127,3 +127,21 @@ def test_a_backfill_cut_short_is_finished_by_the_next_run_exactly_once(spark: An
     assert sorted(table_rows(spark, tmp_path / "tables" / "items", ["id"])) == [(1,), (2,)]
     entry = RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read().last_commit
     assert entry is not None and entry.runtime_checkpoint["events"]["file"] == "f2.jsonl"
+
+
+@pytest.mark.crash
+def test_a_backfill_sigkilled_inside_a_reread_merge_is_finished_by_the_next_run(spark: Any, tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    _sources(tmp_path)
+    config = _config(tmp_path)
+    Runtime(config, spark).run()
+    killed = run_cli(
+        "backfill", "--config", str(tmp_path / "pipeline.yaml"), "--binding", "events", "--truncate",
+        env={"MATERIALIZER_CRASH_AT": "mid-apply:6"},
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert last_epoch(config) >= 6 and _events(spark, tmp_path) == [0, 1, 2]  # truncated, epoch 5 re-read
+    Runtime(config, spark).run()
+    assert _events(spark, tmp_path) == ALL_EVENTS and last_epoch(config) == 7
+    assert sorted(table_rows(spark, tmp_path / "tables" / "items", ["id"])) == [(1,), (2,)]

@@ -125,3 +125,26 @@ def test_dead_letters_land_exactly_once_when_the_apply_is_cut_short(spark: Any, 
     assert [(e, line) for _b, e, _f, line, _r, _d in dead] == [(1, 2), (1, 5), (1, 6)]
     assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
     assert not [f for f in (tmp_path / "staging").rglob("*.parquet")]  # applied, then cleaned up
+
+
+@pytest.mark.crash
+def test_a_run_sigkilled_between_the_table_and_its_dead_letters_lands_each_once(spark: Any, tmp_path: Path) -> None:
+    from tests.helpers import run_cli, write_config
+
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src")
+    config = write_config(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter")])
+    killed = run_cli("run", "--config", str(config), env={"MATERIALIZER_CRASH_AT": "after-apply:1"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
+    assert not Path(str(table) + "_dead_letters").exists()  # killed before the dead-letter commit
+    Runtime(parse_config_file(config), spark).run()
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(e, line) for _b, e, _f, line, _r, _d in dead] == [(1, 2), (1, 5), (1, 6)]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
+
+
+def parse_config_file(path: Path) -> Any:
+    from materializer.config import load_config
+
+    return load_config(path)
