@@ -87,6 +87,8 @@ under a unique name and deleted only after the apply), so the copy is pure cost:
 SCRATCH = ("spool", "_tmp")
 """Scratch folders of the staging store: source spools and files on their way in, per writer."""
 CONCURRENT_RETRIES = 3
+CREATION_WAIT_SECONDS = 120
+"""How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
 
@@ -140,6 +142,13 @@ class DeltaDriver(Driver):
         from materializer.spark import isolated_session
 
         self.apply_spark = isolated_session(spark)
+        try:
+            # Installs PySpark's conversion of Delta's conflicts to their Python types (classic
+            # client): imported only when the first one is examined, that one would stay a bare
+            # Py4JJavaError and not be recognised as a conflict (a racing first CREATE meets it).
+            import delta.exceptions  # noqa: F401
+        except ImportError:  # pragma: no cover - delta-spark is a dependency
+            pass
 
     # --- Open ---
 
@@ -461,7 +470,19 @@ class DeltaDriver(Driver):
         return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
 
     def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> None:
-        if binding.adopt_table or table_state(self.apply_spark, table, self.config.pipeline_id).txn_version is not None:
+        # The other CREATE may still be writing its files (Spark calls the table existing once
+        # its folder does): wait for its commit before judging whose table it is.
+        deadline = time.monotonic() + CREATION_WAIT_SECONDS
+        state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        while not state.exists:
+            if time.monotonic() > deadline:
+                raise StagingError(
+                    f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
+                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
+                )
+            time.sleep(0.5)
+            state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        if binding.adopt_table or state.txn_version is not None:
             return
         raise TableStateError(
             f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
