@@ -33,6 +33,9 @@ def bench(
     conf: Optional[List[str]] = typer.Option(None, "--conf", help="Extra Spark setting KEY=VALUE; repeatable."),
     seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
     keep_data: bool = typer.Option(False, "--keep-data", help="Keep generated inputs and tables."),
+    deletion_vectors: bool = typer.Option(
+        True, "--deletion-vectors/--no-deletion-vectors", help="Seed the table with deletion vectors (as ours creates tables)."
+    ),
     infer_schema: bool = typer.Option(
         False, "--infer-schema", help="Ours infers each epoch's types instead of using the declared source.schema."
     ),
@@ -62,6 +65,7 @@ def bench(
         seed=seed,
         keep_data=keep_data,
         declared_schema=not infer_schema,
+        deletion_vectors=deletion_vectors,
         pipelined=pipelined,
         kafka=kafka,
         spark_conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),

@@ -320,6 +320,9 @@ app.command(name="bench")(_bench)
 from cli.drill import register as _register_drill  # noqa: E402 - after the app exists
 
 _register_drill(app)  # `materializer drill` and `materializer recover`
+from cli.backfill import register as _register_backfill  # noqa: E402 - after the app exists
+
+_register_backfill(app)
 
 
 def main() -> None:

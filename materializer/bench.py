@@ -111,6 +111,9 @@ class BenchOptions:
     """Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."""
     kafka_partitions: int = 2
     """Partitions of the benchmark's topic."""
+    deletion_vectors: bool = True
+    """The seeded table has deletion vectors, as a table the materializer creates has by default
+    (every approach gets a copy of it); False: the seed of the runs before issue #18."""
     mode: str = "custom"
 
     def __post_init__(self) -> None:
@@ -296,7 +299,7 @@ def input_schema() -> Any:
     )
 
 
-def seed_table(spark: "SparkSession", path: Path, rows: int) -> float:
+def seed_table(spark: "SparkSession", path: Path, rows: int, deletion_vectors: bool = True) -> float:
     """Write the initial table with a plain Delta write (not the materializer), tagged as the seed."""
     from pyspark.sql import functions as F
 
@@ -312,7 +315,13 @@ def seed_table(spark: "SparkSession", path: Path, rows: int) -> float:
         F.lit(0).cast("long").alias("updated"),
     )
     meta = json.dumps({SEED_TAG: {"rows": rows}})
-    df.write.format("delta").mode("errorifexists").option("userMetadata", meta).save(str(path))
+    (
+        df.write.format("delta")
+        .mode("errorifexists")
+        .option("userMetadata", meta)
+        .option("delta.enableDeletionVectors", str(deletion_vectors).lower())
+        .save(str(path))
+    )
     return time.monotonic() - started
 
 
@@ -947,7 +956,7 @@ def bench_config(
     result["input_bytes"] = sum(p.stat().st_size for p in collection.files)
     with phase("seed"):
         seed = work / "seed"
-        result["seed_seconds"] = seed_table(spark, seed, table_rows)
+        result["seed_seconds"] = seed_table(spark, seed, table_rows, options.deletion_vectors)
         for approach in ("ours", "bare", "peer"):
             _copy_table(seed, work / approach / "table")
 
@@ -1058,7 +1067,7 @@ def warmup(spark: "SparkSession", work: Path, options: BenchOptions) -> float:
     """Every path once on a tiny table; nothing of it is reported but its duration."""
     started = time.monotonic()
     collection = generate_collection(work / "source", 2_000, 200, 1, (0.5, 0.4, 0.1), options.seed)
-    seed_table(spark, work / "seed", 2_000)
+    seed_table(spark, work / "seed", 2_000, options.deletion_vectors)
     for approach in ("ours", "bare", "peer"):
         _copy_table(work / "seed", work / approach / "table")
     run_bare(spark, work / "bare", collection.files, work / "bare" / "table")

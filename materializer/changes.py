@@ -268,7 +268,9 @@ def staged_only(columns: list[str]) -> list[str]:
     return [c for c in columns if c in (OP, RESET, FROM, "__remove")]
 
 
-def merge_sql(binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "") -> str:
+def merge_sql(
+    binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "", target_filter: str = ""
+) -> str:
     """The standard-mode MERGE of a change-controlled binding. ``columns``: the source's columns
     (the table's, aligned, plus new ones, ``_op`` and the hidden ones of :func:`merge_source`)."""
 
@@ -278,7 +280,7 @@ def merge_sql(binding: BindingConfig, target: str, source_view: str, columns: li
     keys = binding.key
     data = [c for c in columns if c not in HIDDEN and c != OP]
     fields = [c for c in data if c not in keys]
-    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys)
+    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys) + target_filter  # the epoch's key bounds
     sequenced = SEQUENCE in columns
     # A stored row without a sequence was written before sequence_by was set: older than any change.
     newer = f" AND (t.{q(SEQUENCE)} IS NULL OR s.{q(SEQUENCE)} >= t.{q(SEQUENCE)})" if sequenced else ""
@@ -456,14 +458,16 @@ def scd2_versions(staged: "DataFrame", existing: "DataFrame | None", binding: Bi
     )
 
 
-def scd2_merge_sql(binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "") -> str:
+def scd2_merge_sql(
+    binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "", target_filter: str = ""
+) -> str:
     """One MERGE per epoch: versions by (key, start) updated (closed, or changed in place),
     inserted, or removed (a stored version a same-start change replaced into a run)."""
 
     def q(name: str) -> str:
         return "`" + name.replace("`", "``") + "`"
 
-    on = " AND ".join([f"t.{q(k)} = s.{q(k)}" for k in binding.key] + [f"t.{q(START_AT)} = s.{q(START_AT)}"])
+    on = " AND ".join([f"t.{q(k)} = s.{q(k)}" for k in binding.key] + [f"t.{q(START_AT)} = s.{q(START_AT)}"]) + target_filter
     written = [c for c in columns if c != REMOVE and c not in binding.key and c != START_AT]
     sets = ", ".join(f"{q(c)} = s.{q(c)}" for c in written)
     inserted = [c for c in columns if c != REMOVE]

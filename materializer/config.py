@@ -229,6 +229,62 @@ class BindingConfig(Model):
     writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
     written; on, the table is written on top of what it holds (README: 'Sharing or taking over a
     table')."""
+    partition_by: list[str] = Field(default_factory=list)
+    """Columns to partition the table by, applied when the materializer creates it (README:
+    'Table layout'). Not with ``cluster_by``."""
+    cluster_by: list[str] = Field(default_factory=list)
+    """Columns to cluster the table by (Delta liquid clustering), applied at creation."""
+    properties: dict[str, str] = Field(default_factory=dict)
+    """Table properties set at creation (``delta.enableChangeDataFeed: true``, ``owner: team``);
+    ``delta.setTransactionRetentionDuration`` is refused (expired txn ids break exactly-once)."""
+    deletion_vectors: bool = True
+    """Create the table with deletion vectors, so a MERGE marks replaced rows instead of rewriting
+    whole files (an epoch costs what it touches). ``false`` for readers that cannot read them."""
+    on_invalid: Literal["fail", "dead_letter"] = "fail"
+    """A document that fails the checks: ``fail`` stops the run naming file and line (nothing of
+    the epoch is committed); ``dead_letter`` commits the epoch without it and writes it, with its
+    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents source)."""
+    dead_letter_table: str | None = None
+    """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
+    name with ``_dead_letters`` appended)."""
+
+    @property
+    def dead_letters(self) -> str | None:
+        """The dead-letter table, when this binding has one."""
+        if self.on_invalid != "dead_letter":
+            return None
+        return self.dead_letter_table or self.table.rstrip("/") + "_dead_letters"
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _properties_as_text(cls, value: Any) -> Any:
+        # YAML reads `true` and `5` as a bool and an int; Delta's properties are text.
+        if isinstance(value, dict):
+            return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _layout(self) -> "BindingConfig":
+        from materializer.layout import DELETION_VECTORS, retention_problem
+
+        if self.partition_by and self.cluster_by:
+            raise ValueError("partition_by and cluster_by cannot both be given: Delta clusters or partitions a table, not both")
+        for option, columns in (("partition_by", self.partition_by), ("cluster_by", self.cluster_by)):
+            if len({c.lower() for c in columns}) != len(columns) or any(not c for c in columns):
+                raise ValueError(f"{option}: columns must be distinct, non-empty names: {columns}")
+        problem = retention_problem(dict(self.properties))
+        if problem:
+            raise ValueError(f"properties: {problem}. Remove it")
+        if self.on_invalid == "dead_letter" and self.source.format != "documents":
+            raise ValueError(
+                "on_invalid: dead_letter is built for the documents source only so far; "
+                f"this source is {self.source.format} (use on_invalid: fail)"
+            )
+        if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
+            raise ValueError("dead_letter_table is for on_invalid: dead_letter")
+        if any(k.lower() == DELETION_VECTORS.lower() for k in self.properties):
+            raise ValueError(f"properties: set {DELETION_VECTORS} with `deletion_vectors: true|false` on the binding")
+        return self
 
     @field_validator("name")
     @classmethod

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import changes, crash
+from materializer.bounds import bound_aggregates, bounds_condition, bounds_from
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
     TXN_APP_ID,
@@ -47,7 +48,10 @@ from materializer.delta import (
     table_version,
     user_metadata,
 )
+from materializer.dead_letters import for_epoch
 from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
+from materializer.layout import create_table_sql, is_already_exists, layout_problems
+from materializer.widening import widened_schema, widening_enabled
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -74,6 +78,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGED = "staged"
+DEAD_LETTER_SUFFIX = "__dead_letters"
+"""A binding's dead-letter rows are staged (and tagged) under its name with this suffix."""
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 """Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
 source changes between the MERGE's two passes. A staged file never changes (it is written once
@@ -81,6 +87,8 @@ under a unique name and deleted only after the apply), so the copy is pure cost:
 SCRATCH = ("spool", "_tmp")
 """Scratch folders of the staging store: source spools and files on their way in, per writer."""
 CONCURRENT_RETRIES = 3
+CREATION_WAIT_SECONDS = 120
+"""How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
 
@@ -94,6 +102,7 @@ def open_cleans(staging: FileStore, checkpoint: DriverCheckpoint | None) -> tupl
     """What an Open deletes (files of staged datasets the last committed entry does not reference,
     every scratch file) and what it keeps (the rest), as listed now. The drill checks with this."""
     keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
+    keep |= set() if checkpoint is None else {f.uri for f in checkpoint.dead_letters.values()}
     deleted, kept = [], []
     for info in staging.list(STAGED):
         (kept if dataset_of(info.path) in keep else deleted).append(info.path)
@@ -126,12 +135,20 @@ class DeltaDriver(Driver):
         self._written: set[str] = set()
         """Bindings whose tables hold rows of an applied epoch (so the table must exist)."""
         self._stored: dict[str, DataFrame] = {}
+        self._rejected: dict[str, DataFrame] = {}
         self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
         self._acknowledged: int | None = None
         from materializer.spark import isolated_session
 
         self.apply_spark = isolated_session(spark)
+        try:
+            # Installs PySpark's conversion of Delta's conflicts to their Python types (classic
+            # client): imported only when the first one is examined, that one would stay a bare
+            # Py4JJavaError and not be recognised as a conflict (a racing first CREATE meets it).
+            import delta.exceptions  # noqa: F401
+        except ImportError:  # pragma: no cover - delta-spark is a dependency
+            pass
 
     # --- Open ---
 
@@ -169,9 +186,17 @@ class DeltaDriver(Driver):
                 continue
             staged = message.driver_checkpoint.staged[binding.name]
             began = time.monotonic()
+            if binding.name in message.driver_checkpoint.truncate:
+                self._truncate(binding, epoch)
             result = self._apply(binding, epoch, staged)
             results.append(result)
             self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+            rejected = message.driver_checkpoint.dead_letters.get(binding.name)
+            if rejected is not None:
+                # crash here leaves the table applied and its dead letters not: the re-apply skips
+                # the table and appends them (their own txn record on the dead-letter table)
+                crash.crash_point("after-apply", epoch)
+                self._apply_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -179,6 +204,7 @@ class DeltaDriver(Driver):
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
         crash.crash_point("after-ack-before-gc", epoch)
         applied = [staged for staged in message.driver_checkpoint.staged.values() if staged is not None]
+        applied += list(message.driver_checkpoint.dead_letters.values())
         if applied:
             # Only while this writer holds the log (a fenced one leaves them to the newer writer,
             # whose first Acknowledge finds the epoch applied and deletes them).
@@ -205,12 +231,18 @@ class DeltaDriver(Driver):
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
                 ):
-                    metrics = self._commit(binding, table, epoch, source, state.exists)
+                    metrics = self._commit(binding, table, epoch, source, state.exists, staged.key_bounds if staged else None)
             except Exception as exc:  # noqa: BLE001
                 # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
                 # which a zombie's MERGE meets after the new writer evolved the schema or created
                 # the table: another writer committed meanwhile, so look again.
                 if is_commit_conflict(exc):
+                    continue
+                if is_already_exists(exc):
+                    # The table appeared between our look and our CREATE: fine if it is another
+                    # run of this pipeline (the loop finds the epoch applied, or merges into it);
+                    # another writer's table is not written blindly (README: 'Table layout').
+                    self._check_created_by_us(binding, table, epoch)
                     continue
                 if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
                     raise
@@ -303,25 +335,29 @@ class DeltaDriver(Driver):
             self.apply_spark.removeTag(self._apply_group)
 
     def _commit(
-        self, binding: BindingConfig, table: TableRef, epoch: int, source: "DataFrame | None", table_exists: bool
+        self,
+        binding: BindingConfig,
+        table: TableRef,
+        epoch: int,
+        source: "DataFrame | None",
+        table_exists: bool,
+        key_bounds: "dict[str, list[str]] | None" = None,
     ) -> dict[str, int] | None:
         """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
         from pyspark.sql import functions as F
 
         meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
-        if source is None or binding.mode == "delta_updates" or not table_exists:
-            # Appends: delta-updates rows; the first rows of a new table; or no rows at all, which
-            # still records the epoch on the table (an empty commit carrying the txn id).
+        if source is not None and not table_exists:
+            return self._create(binding, table, source, epoch)
+        if source is None or binding.mode == "delta_updates":
+            # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
+            # records the epoch on the table (an empty commit carrying the txn id).
             if source is None:
                 rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
-            elif binding.mode == "delta_updates":
-                rows = source
-            elif binding.change_controlled:
-                rows = changes.first_rows(source, binding, epoch)
             else:
-                rows = source.filter(F.col(OP) != "d").drop(OP)
-            if table_exists:
-                rows = _align(rows, read_table(self.apply_spark, table).schema, keep_extra=True)
+                rows = source
+            current = read_table(self.apply_spark, table).schema
+            rows = _align(rows, self._widened(table, rows, current), keep_extra=True)
             from pyspark.sql import Observation
 
             # Counted as the rows are written (no second pass), for the epoch's progress record.
@@ -335,7 +371,7 @@ class DeltaDriver(Driver):
                 .option("userMetadata", meta)
                 .option("mergeSchema", "true")
             )
-            before = table_version(self.apply_spark, table) if table_exists else None
+            before = table_version(self.apply_spark, table)
             writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             after = table_version(self.apply_spark, table)
             if after == before:
@@ -346,7 +382,7 @@ class DeltaDriver(Driver):
                 return {"appended": 1}
 
         target_schema = read_table(self.apply_spark, table).schema
-        aligned = _align(source, target_schema, keep_extra=True)
+        aligned = _align(source, self._widened(table, source, target_schema), keep_extra=True)
         if binding.mode == "scd2":
             # Every version of the touched keys, from the staged changes and the table's versions
             # (read by this MERGE's own source, so from the snapshot it commits on).
@@ -362,12 +398,15 @@ class DeltaDriver(Driver):
             # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
             # on a 10M-row table here) even when there is nothing to evolve.
             evolve = " WITH SCHEMA EVOLUTION"
+        # The epoch's key bounds narrow the target side only: the MERGE has no clause for target
+        # rows the source does not match, so rows outside them were never to be touched.
+        bounds = bounds_condition(key_bounds)
         if binding.mode == "scd2":
-            merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve)
+            merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
         elif binding.change_controlled:
-            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve)
+            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
         else:
-            merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve)
+            merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds)
         try:
             rows = self.apply_spark.sql(merge).collect()
         finally:
@@ -375,6 +414,117 @@ class DeltaDriver(Driver):
         if not rows:
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
+
+    def _truncate(self, binding: BindingConfig, epoch: int) -> None:
+        """Delete every row of the binding's table in the epoch's tagged commit (``backfill
+        --truncate``); skipped, by us or by Delta, once the table records the epoch."""
+        table = TableRef(binding.table)
+        for _attempt in range(CONCURRENT_RETRIES):
+            state = table_state(self.apply_spark, table, self.config.pipeline_id)
+            if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
+                return
+            try:
+                with self._txn(binding, epoch):
+                    # An empty table makes no commit: the _apply after this records the epoch.
+                    self.apply_spark.sql(f"DELETE FROM {sql_name(table)}").collect()
+                return
+            except Exception as exc:  # noqa: BLE001
+                if is_commit_conflict(exc):
+                    continue
+                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
+        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+
+    def _apply_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
+        """Append the epoch's rejected documents to the binding's dead-letter table, under the
+        epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
+        assert binding.dead_letters is not None
+        table = TableRef(binding.dead_letters)
+        app_id = self.config.pipeline_id
+        began = time.monotonic()
+        for _attempt in range(CONCURRENT_RETRIES):
+            state = table_state(self.apply_spark, table, app_id)
+            if state.txn_version is not None and state.txn_version >= epoch:
+                result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
+                break
+            rows = self._read_staged(binding, epoch, staged, table_exists=True)
+            assert rows is not None
+            writer = (
+                rows.write.format("delta")
+                .mode("append")
+                .option("txnAppId", app_id)
+                .option("txnVersion", str(epoch))
+                .option("userMetadata", user_metadata(app_id, binding.name + DEAD_LETTER_SUFFIX, epoch))
+            )
+            try:
+                with self._txn(binding, epoch):
+                    writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
+            except Exception as exc:  # noqa: BLE001
+                if is_commit_conflict(exc):
+                    continue
+                raise ApplyError(_refused(app_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
+            result = ApplyResult(
+                binding=binding.name, table=str(table), status="applied", rows=staged.rows,
+                delta_version=table_version(self.apply_spark, table), metrics={"dead_letters": staged.rows},
+            )
+            break
+        else:
+            raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+        self.collector.event("dead_letters_applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+        return result
+
+    def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
+        """The schema to align the epoch's rows to: the table's, with the columns its type widening
+        widens for these rows (so the MERGE's schema evolution widens them instead of a cast)."""
+        wider, changed = widened_schema(source.schema, target_schema)
+        if not changed:
+            return target_schema  # the usual case: no look at the table's properties
+        found = detail(self.apply_spark, table)
+        return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
+
+    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> None:
+        # The other CREATE may still be writing its files (Spark calls the table existing once
+        # its folder does): wait for its commit before judging whose table it is.
+        deadline = time.monotonic() + CREATION_WAIT_SECONDS
+        state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        while not state.exists:
+            if time.monotonic() > deadline:
+                raise StagingError(
+                    f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
+                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
+                )
+            time.sleep(0.5)
+            state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        if binding.adopt_table or state.txn_version is not None:
+            return
+        raise TableStateError(
+            f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
+            f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
+            "Nothing was written to it. If the table is meant for this binding, set `adopt_table: true` on the binding "
+            "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
+        )
+
+    def _create(self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int) -> dict[str, int]:
+        """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
+        commit (the txn confs are set around this call). Raises Spark's "already exists" if the
+        table is there by now: the caller reads it again and merges (never a blind append)."""
+        from pyspark.sql import functions as F
+
+        if binding.mode == "delta_updates":
+            rows = source
+        elif binding.change_controlled:
+            rows = changes.first_rows(source, binding, epoch)  # tombstones, soft deletes, scd2 versions
+        else:
+            rows = source.filter(F.col(OP) != "d").drop(OP)
+        view = f"materializer_new_{uuid.uuid4().hex}"
+        rows.createOrReplaceTempView(view)
+        try:
+            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns))
+        finally:
+            self.apply_spark.catalog.dropTempView(view)
+        # The CTAS returns no metrics; its history entry has them (one command, no Spark job).
+        found = self.apply_spark.sql(f"DESCRIBE HISTORY {sql_name(table)} LIMIT 1").select("operationMetrics").collect()
+        written = (found[0]["operationMetrics"] or {}).get("numOutputRows") if found else None
+        return {"appended": 1, "created": 1, **({"num_inserted_rows": int(written)} if written is not None else {})}
 
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
         """The target's schema, constraints and column mapping as they stand now (None: no table)."""
@@ -389,6 +539,7 @@ class DeltaDriver(Driver):
             schema=read_table(self.spark, table).schema,
             constraints={k[len(CONSTRAINT_PREFIX) :]: v for k, v in properties.items() if k.startswith(CONSTRAINT_PREFIX)},
             column_mapping=properties.get("delta.columnMapping.mode", "none") not in ("none", ""),
+            type_widening=widening_enabled(properties),
         )
 
     def _check_schema(self, binding: BindingConfig, df: "DataFrame", facts: "_TableFacts | None") -> None:
@@ -398,12 +549,20 @@ class DeltaDriver(Driver):
         that differ only in case (Delta's columns are case-insensitive), and any type the table
         cannot hold losslessly, at any depth (a struct sub-field, an array element, a map value).
         """
+        from pyspark.sql.types import StructType
+
         schema = df.schema
         column_mapping = facts.column_mapping if facts is not None else _default_column_mapping(self.spark)
         problems = _name_problems(schema, "", refuse_characters=not column_mapping)
         if facts is not None:
             data = [f for f in schema.fields if f.name != OP or binding.mode == "delta_updates"]
+            if facts.type_widening:
+                # Columns the table widens (README: 'Type widening') are no problem.
+                _wider, widening = widened_schema(StructType(data), facts.schema)
+                data = [f for f in data if f.name not in widening]
             problems += _type_problems(data, facts.schema.fields, "")
+        else:
+            problems += layout_problems(binding, schema)  # the first epoch creates the table
         if problems:
             raise SourceError(
                 f"binding {binding.name}: the epoch's rows cannot be written to table {binding.table}: "
@@ -420,6 +579,10 @@ class DeltaDriver(Driver):
         from pyspark.sql.types import DecimalType, IntegralType
 
         present = {f.name: f.dataType for f in schema.fields}
+        if facts.type_widening:
+            # A column the table widens holds every value: nothing to narrow there.
+            for name in widened_schema(schema, facts.schema)[1]:
+                present.pop(name)
         narrowable = [
             f.name for f in facts.schema.fields
             if f.name in present and present[f.name] != f.dataType
@@ -518,6 +681,8 @@ class DeltaDriver(Driver):
 
     def store(self, message: Store) -> None:
         self._stored[message.binding] = dataframe(message.documents)
+        if message.rejected is not None:
+            self._rejected[message.binding] = dataframe(message.rejected)
 
     def prestage(self, message: Store, epoch: int) -> None:
         """Stage a binding's rows before Acknowledged, while the previous epoch is applied.
@@ -541,7 +706,13 @@ class DeltaDriver(Driver):
     def start_commit(self, message: StartCommit) -> StartedCommit:
         epoch = message.epoch
         staged: dict[str, StagedFile | None] = {}
+        dead: dict[str, StagedFile] = {}
         try:
+            for name, rejected in sorted(self._rejected.items()):
+                file = self._stage(f"{name}{DEAD_LETTER_SUFFIX}", epoch, for_epoch(rejected, name, epoch), key=[])
+                if file is not None:
+                    dead[name] = file
+            self._rejected = {}
             for binding in self.config.bindings:
                 df = self._stored.pop(binding.name, None)
                 # Left in _prestaged until adopted, so a refusal below discards it too.
@@ -565,17 +736,20 @@ class DeltaDriver(Driver):
                     self._check_rows(binding, file, df.schema, facts)
         except BaseException:
             self.discard_prestaged()
-            for file in staged.values():
+            self._rejected = {}
+            for file in [*staged.values(), *dead.values()]:
                 if file is not None:
                     self.staging.delete_prefix(file.uri)
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
         return StartedCommit(
-            driver_checkpoint=DriverCheckpoint(epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written))
+            driver_checkpoint=DriverCheckpoint(
+                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead
+            )
         )
 
-    def _stage(self, binding: str, epoch: int, df: "DataFrame") -> StagedFile | None:
+    def _stage(self, binding: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
         """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -583,24 +757,36 @@ class DeltaDriver(Driver):
         path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
         observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
         df = _without_void(df)
-        df.observe(observation, F.count(F.lit(1)).alias("rows")).write.mode("error").parquet(
+        # The key bounds are observed on the same write (no second pass): the MERGE skips by them.
+        key = self.config.binding(binding).key if key is None else key
+        bounds, kinds = bound_aggregates(df.schema, key)
+        df.observe(observation, F.count(F.lit(1)).alias("rows"), *bounds).write.mode("error").parquet(
             self.staging.spark_path(path)
         )
-        rows = int(observation.get["rows"])
+        observed = observation.get
+        rows = int(observed["rows"])
         data = [f for f in self.staging.list(path) if is_data_file(f.path)]
         if rows == 0:
             self.staging.delete_prefix(path)
             return None
-        return StagedFile(uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data))
+        return StagedFile(
+            uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
+            key_bounds=bounds_from(observed, key, kinds) or None,
+        )
 
 
-def merge_sql(target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "") -> str:
-    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it."""
+def merge_sql(
+    target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "", target_filter: str = ""
+) -> str:
+    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it.
+
+    ``target_filter``: `` AND …`` predicates on the target alone (the epoch's key bounds,
+    :func:`materializer.bounds.bounds_condition`) that Delta uses to skip files."""
 
     def q(name: str) -> str:
         return "`" + name.replace("`", "``") + "`"
 
-    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key) + target_filter
     # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
     updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
     names = ", ".join(q(c) for c in columns)
@@ -664,6 +850,8 @@ class _TableFacts:
     """CHECK constraints by name: their SQL expressions (``delta.constraints.*`` properties)."""
     column_mapping: bool
     """Column mapping is on: any character is allowed in names."""
+    type_widening: bool = False
+    """``delta.enableTypeWidening``: a wider type of the same family widens the column."""
 
 
 def _default_column_mapping(spark: "SparkSession") -> bool:

@@ -102,6 +102,8 @@ class BindingProgress:
     lag_files: int | None = None
     """Source files not read yet after this epoch (None: the source does not say)."""
     lag_bytes: int | None = None
+    dead_letters: int = 0
+    """Documents set aside in the dead-letter table (``on_invalid: dead_letter``)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class EpochProgress:
     lag_files: int | None
     lag_bytes: int | None
     bindings: tuple[BindingProgress, ...] = field(default_factory=tuple)
+    dead_letters: int = 0
+    """Documents of the epoch set aside in dead-letter tables."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -187,6 +191,7 @@ class ProgressTracker(Collector):
                 b = self._binding(state, fields["binding"])
                 b["documents"] = fields.get("documents", 0)
                 b["bytes_read"] = fields.get("bytes")
+                b["dead_letters"] = int(fields.get("dead_letters") or 0)
                 lag = fields.get("lag")
                 if isinstance(lag, Mapping):
                     b["lag_files"], b["lag_bytes"] = lag.get("files"), lag.get("bytes")
@@ -250,6 +255,7 @@ class ProgressTracker(Collector):
             lag_files=total(b.lag_files for b in bindings),
             lag_bytes=total(b.lag_bytes for b in bindings),
             bindings=bindings,
+            dead_letters=sum(b.dead_letters for b in bindings),
         )
 
 

@@ -45,6 +45,9 @@ class StagedFile(Model):
     """Total size of its data files; a different size at apply time means damage."""
     files: int
     """Number of data files in it."""
+    key_bounds: dict[str, list[str]] | None = None
+    """Least and greatest key of its rows per key column (:mod:`materializer.bounds`), added to the
+    MERGE condition so Delta skips the table's files outside them; None: not known."""
 
 
 class DriverCheckpoint(Model):
@@ -56,6 +59,12 @@ class DriverCheckpoint(Model):
     """Where the sources stood before this epoch: lets a recovery re-stage it from the source."""
     written: list[str] = Field(default_factory=list)
     """Bindings whose tables hold rows of an earlier epoch: their tables must exist."""
+    dead_letters: dict[str, StagedFile] = Field(default_factory=dict)
+    """Per binding with ``on_invalid: dead_letter``: the epoch's rejected documents, staged, for
+    its dead-letter table (applied with the same txn id and epoch as its table)."""
+    truncate: list[str] = Field(default_factory=list)
+    """Bindings whose table this epoch's apply empties first (``backfill --truncate``), in a
+    ``DELETE`` carrying the epoch's txn id, so a replay does not delete again."""
     skipped: dict[str, str] = Field(default_factory=dict)
     """Bindings whose rows of this epoch were set aside by ``recover --skip-epoch``: where they
     were kept. The epoch is recorded on those tables without their rows."""
@@ -123,6 +132,8 @@ class Store(Model):
     documents: Any
     """A DataFrame of the epoch's fully reduced (standard) or combined (delta-updates) rows,
     with the operation in column ``_op`` ('u' upsert, 'd' delete)."""
+    rejected: Any = None
+    """``on_invalid: dead_letter``: a DataFrame of the epoch's invalid documents (None: none)."""
 
 
 class StartCommit(Model):

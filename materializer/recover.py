@@ -218,7 +218,9 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         if name not in batches:
             continue
         binding = config.binding(name)
-        driver.store(Store(binding=name, documents=reductions.reduce(batches[name].documents, loaded.get(name), binding)))
+        driver.store(
+            Store(binding=name, documents=reductions.reduce(batches[name].documents, loaded.get(name), binding), rejected=batches[name].rejected)
+        )
     started = driver.start_commit(StartCommit(epoch=target, runtime_checkpoint=new_checkpoint, rewind=rewind))
     staging.delete_prefix(f"spool/recover-epoch-{target:012d}")
     staged: dict[str, StagedFile | None] = {}
@@ -232,7 +234,15 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
 
     # --- commit epoch `target` again; the next run applies it ---
     written = list(last.driver_checkpoint.written) if last is not None and last.driver_checkpoint is not None else []
-    driver_checkpoint = DriverCheckpoint(epoch=target, staged=staged, rewind=rewind, written=written)
+    # Dead letters: re-staged with their binding's rows; the others' as the entry had them (their
+    # apply is skipped where the dead-letter table already records the epoch).
+    before = last.driver_checkpoint.dead_letters if last is not None and last.driver_checkpoint is not None and last_epoch == target else {}
+    dead = {n: f for n, f in before.items() if n not in restage}
+    dead.update({n: f for n, f in started.driver_checkpoint.dead_letters.items() if n in restage})
+    truncate = list(last.driver_checkpoint.truncate) if last is not None and last.driver_checkpoint is not None and last_epoch == target else []
+    driver_checkpoint = DriverCheckpoint(
+        epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate
+    )
     entry = log.commit(target, new_checkpoint, driver_checkpoint)
     summary.recommitted_epoch = target
     summary.actions.append(

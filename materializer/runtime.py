@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash, reductions
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, quote, table_identity, table_state, table_writers
+from materializer.delta import TableRef, detail, quote, table_identity, table_state, table_writers
 from materializer.driver import DeltaDriver
 from materializer.errors import ApplyError, ConfigError, FencedError, TableStateError
+from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems
 from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
@@ -113,6 +114,7 @@ class Runtime:
         started = time.monotonic()
         # Before the log is opened (so a wrong configuration fences no running writer).
         self._check_distinct_tables()
+        self._check_retention_default()
         # --- Open ---
         state = self.log.open()
         epoch = state.last_epoch
@@ -218,7 +220,7 @@ class Runtime:
                         rows = prestaged.get(name)
                         if rows is None:
                             rows = reductions.reduce(batch.documents, loaded.get(name), binding)
-                        self.driver.store(Store(binding=name, documents=rows))
+                        self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
 
                     # --- StartCommit / StartedCommit ---
                     started_commit = self.driver.start_commit(
@@ -319,6 +321,7 @@ class Runtime:
             # Optional fields of SourceBatch (a source that does not know leaves them out).
             bytes=getattr(batch, "bytes", None),
             lag=getattr(batch, "lag", None),
+            dead_letters=getattr(batch, "rejected_count", 0),
         )
 
     def _verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
@@ -396,7 +399,29 @@ class Runtime:
                 if binding.name in written:
                     raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
                 continue
+            self._check_layout(binding, table)
             self._check_writers(binding, table)
+
+    def _check_retention_default(self) -> None:
+        """A session default for the txn retention would reach every table we create."""
+        value = self.spark.conf.get(RETENTION_DEFAULT_CONF, None)
+        if value:
+            raise ConfigError(
+                f"the Spark session sets {RETENTION_DEFAULT_CONF} = {value}, which new tables inherit: {RETENTION_WHY}. "
+                "Remove the setting (spark.conf in the configuration, or the cluster's). Nothing was started."
+            )
+
+    def _check_layout(self, binding: BindingConfig, table: TableRef) -> None:
+        """An existing table must keep every txn id, and not contradict the binding's layout."""
+        found = detail(self.spark, table)
+        problems = existing_layout_problems(binding, found) if found is not None else []
+        if problems:
+            raise TableStateError(
+                f"binding {binding.name!r}: table {binding.table} cannot be written as configured: "
+                + "; ".join(problems)
+                + ". Change the table (ALTER TABLE … UNSET TBLPROPERTIES for the retention) or the binding, then run "
+                "again (README: 'Table layout'). Nothing was written."
+            )
 
     def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
         pipeline = self.config.pipeline_id

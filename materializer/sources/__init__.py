@@ -48,6 +48,10 @@ class SourceBatch:
     source's error for bad input (the consumer then deletes what it staged and commits nothing),
     else returns the batch's document count, which ``count`` (0 until then) becomes. Only the
     first action on ``documents`` is observed, so it must be the one that stages them in full."""
+    rejected: "DataFrame | None" = None
+    """``on_invalid: dead_letter``: the documents that failed the checks (``source``, ``line``,
+    ``reason``, ``document``), left out of ``documents``; None when there are none."""
+    rejected_count: int = 0
 
 
 class Source(ABC):

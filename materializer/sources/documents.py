@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from materializer.errors import ConfigError, SourceError
+from materializer.dead_letters import rejected_rows, split
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
 from materializer.storage import FileInfo, Store, open_store
 
@@ -415,23 +416,29 @@ class DocumentsSource(Source):
         if plan.empty:
             return None
         declared = self.declared_schema(spark)
-        reader = _Reader(spark, store, self.binding.key, declared, checkpoint)
+        reader = _Reader(spark, store, self.binding.key, declared, checkpoint, dead_letter=self.binding.on_invalid == "dead_letter")
         _change_controlled(reader, self.binding)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
-        if declared is not None and until is None and self.defer_checks and not reader.sequence_by:
+        if declared is not None and until is None and self.defer_checks and not reader.sequence_by and not reader.dead_letter:
             # The types are known before reading: the checks ride along with the staging job (one
             # parse per epoch), and the runtime calls verify before committing. Without a schema
             # the cast needs the epoch's types first, so a job of its own checks and infers them;
             # so does sequence_by, whose fields (``_meta`` paths too) are typed by the epoch's shape
-            # (a string sequence read as a number would be NULL, and order nothing).
+            # (a string sequence read as a number would be NULL, and order nothing), and dead letters,
+            # which need the bad documents' files before staging.
             documents, verify = reader.deferred(parsed)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
                 explain=reader.explain, lag=lag, verify=verify,
             )
         count, schema = reader.check(parsed)
+        if reader.bad_files:
+            # on_invalid: dead_letter (README: 'Dead letters'): the valid documents go on.
+            parsed, _bad = split(reader.checked(parsed))
         return SourceBatch(
+            rejected=reader.rejected() if reader.bad_files else None,
+            rejected_count=reader.bad,
             documents=reader.rows(parsed, schema),
             checkpoint=plan.checkpoint(),
             count=count,
@@ -458,9 +465,15 @@ class _Reader:
 
     def __init__(
         self, spark: "SparkSession", store: Store, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None,
+        checkpoint: dict[str, Any] | None, *, dead_letter: bool = False,
     ) -> None:
         self.spark = spark
+        self.dead_letter = dead_letter
+        self.bad = 0
+        """Invalid documents of the epoch (set aside when ``dead_letter``)."""
+        self.bad_files: list[str] = []
+        """``_seq.file`` values of the files holding them (``dead_letter`` only)."""
+        self._lines: "DataFrame | None" = None
         self.store = store
         self.keys = keys
         self.declared = declared
@@ -534,6 +547,7 @@ class _Reader:
         if plan.files:
             parts.append(self._text([f.path for f in plan.files]))
         text = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self._lines = text
         return self._with_variant(text)
 
     @staticmethod
@@ -636,8 +650,7 @@ class _Reader:
         The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top."""
         return parsed.withColumn("__parts", self._parts()).withColumn("__problem", self.problem())
 
-    @staticmethod
-    def _tallies() -> list["Column"]:
+    def _tallies(self) -> list["Column"]:
         """The epoch's aggregate checks: documents, bad ones, the first bad one, the merged shape
         of the good ones."""
         from pyspark.sql import functions as F
@@ -647,6 +660,8 @@ class _Reader:
             F.count(F.col("__problem")).alias("bad"),
             F.min(F.when(F.col("__problem").isNotNull(), F.col(SEQ))).alias("first"),
             F.schema_of_variant_agg(F.when(F.col("__problem").isNull(), F.col("__v"))).alias("shape"),
+            # The files of the invalid documents (a few names, never rows) for their line numbers.
+            *([F.collect_set(F.when(F.col("__problem").isNotNull(), F.col(f"{SEQ}.file"))).alias("files")] if self.dead_letter else []),
         ]
 
     def check(self, parsed: "DataFrame") -> tuple[int, "StructType"]:
@@ -657,13 +672,17 @@ class _Reader:
         return self._verdict(checked, row)
 
     def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
-        """Raise the error for what the tallies found; else the count and the epoch's schema."""
-        if row["bad"]:
+        """Raise the error for what the tallies found (with ``dead_letter``, note the bad files
+        instead); else the count and the epoch's schema."""
+        self.bad = int(row["bad"])
+        if row["bad"] and self.dead_letter:
+            self.bad_files = sorted(row["files"])
+        elif row["bad"]:
             raise self._located(checked, row["first"], int(row["bad"]), None)
-        if row["n"] == 0:
+        if row["n"] == 0 or self.bad == row["n"]:
             from pyspark.sql import types as T
 
-            return 0, self.declared or T.StructType([])
+            return int(row["n"]), self.declared or T.StructType([])
         shape = parse_shape(row["shape"])
         self.shape = shape
         problems = self._single_problems(shape)
@@ -790,6 +809,27 @@ class _Reader:
                 if found is not None:
                     return found
         return (problems or ["a document is refused"])[0]
+
+    # --- dead letters ---
+
+    def rejected(self) -> "DataFrame":
+        """The invalid documents with their file's URI, line number and problem (``dead_letter``).
+
+        Numbered as the error path numbers them: the lines of their files only, in file order
+        (blank lines counted), a part-read file's lines carrying their number already."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        assert self._lines is not None
+        file = F.col(f"{SEQ}.file")
+        order = Window.partitionBy(file).orderBy(F.col(f"{SEQ}.block"), F.col(f"{SEQ}.row"))
+        lines = self._lines.where(file.isin(self.bad_files)).withColumn(
+            "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.row_number().over(order))
+        )
+        checked = self.checked(self._with_variant(lines))
+        _good, bad = split(checked)
+        names = F.create_map(*[x for f in self.bad_files for x in (F.lit(f), F.lit(f"{self.store.uri}/{self._name(f)}"))])
+        return rejected_rows(bad, names[file], F.col("__line"))
 
     # --- the rows ---
 

@@ -1,0 +1,103 @@
+"""An epoch's key bounds: the least and greatest value of each key column among its staged rows.
+
+Observed while the staged file is written (an ``Observation``: no second pass, no row comes to
+the driver), kept in the driver checkpoint, and added to the MERGE condition as target-only
+predicates (``t.id >= 17 AND t.id <= 90210``), which Delta uses to skip the table's files whose
+statistics lie outside them. The predicates change no result: every source row's key lies within
+the bounds, so every target row a source row matches does too.
+
+Only key columns of types whose bounds round-trip exactly as SQL literals get bounds: integers,
+decimals, strings (as UTF-8 bytes), dates and timestamps (as microseconds since the epoch, free of
+the session's time zone). Floating-point keys get none (NaN and -0.0 make bounds a trap).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from materializer.delta import quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+KeyBounds = dict[str, list[str]]
+"""Per key column: ``[kind, low, high]`` as text (kind: ``integer``, ``decimal(p,s)``, ``string``,
+``date``, ``timestamp``)."""
+
+
+def _kind(dtype: Any) -> str | None:
+    from pyspark.sql.types import DateType, DecimalType, IntegralType, StringType, TimestampType
+
+    if isinstance(dtype, IntegralType):
+        return "integer"
+    if isinstance(dtype, DecimalType):
+        return dtype.simpleString()
+    if isinstance(dtype, StringType) and getattr(dtype, "collation", "UTF8_BINARY") in ("UTF8_BINARY", None):
+        return "string"
+    if isinstance(dtype, DateType):
+        return "date"
+    if isinstance(dtype, TimestampType):
+        return "timestamp"
+    return None
+
+
+def _as_text(column: "Column", kind: str) -> "Column":
+    """The value as text that :func:`_literal` turns back into exactly the same value."""
+    from pyspark.sql import functions as F
+
+    if kind == "string":
+        return F.hex(column)  # UTF-8 bytes: no quoting or escaping to get wrong
+    if kind == "date":
+        return F.unix_date(column).cast("string")
+    if kind == "timestamp":
+        return F.unix_micros(column).cast("string")
+    return column.cast("string")
+
+
+def _literal(text: str, kind: str) -> str:
+    if kind == "string":
+        return f"CAST(X'{text}' AS STRING)"
+    if kind == "date":
+        return f"date_from_unix_date({int(text)})"
+    if kind == "timestamp":
+        return f"timestamp_micros({int(text)})"
+    if kind == "integer":
+        return str(int(text))
+    return f"CAST('{text}' AS {kind})"  # a decimal: digits, a sign and a point only
+
+
+def bound_aggregates(schema: Any, key: list[str]) -> tuple[list["Column"], dict[str, str]]:
+    """Aggregates for an Observation (two per boundable key column) and each column's kind."""
+    from pyspark.sql import functions as F
+
+    types = {f.name: f.dataType for f in schema.fields}
+    aggregates, kinds = [], {}
+    for index, name in enumerate(key):
+        kind = _kind(types.get(name))
+        if kind is None:
+            continue
+        column = F.col(quote(name))
+        kinds[name] = kind
+        aggregates += [_as_text(F.min(column), kind).alias(f"lo_{index}"), _as_text(F.max(column), kind).alias(f"hi_{index}")]
+    return aggregates, kinds
+
+
+def bounds_from(observed: dict[str, Any], key: list[str], kinds: dict[str, str]) -> KeyBounds:
+    """The observed bounds; a column whose keys were all NULL has none."""
+    out: KeyBounds = {}
+    for index, name in enumerate(key):
+        if name not in kinds:
+            continue
+        low, high = observed.get(f"lo_{index}"), observed.get(f"hi_{index}")
+        if low is not None and high is not None:
+            out[name] = [kinds[name], str(low), str(high)]
+    return out
+
+
+def bounds_condition(bounds: KeyBounds | None, target: str = "t") -> str:
+    """`` AND t.k >= low AND t.k <= high`` for each bounded key column ('' when there are none)."""
+    parts = []
+    for name, (kind, low, high) in sorted((bounds or {}).items()):
+        column = f"{target}.{quote(name)}"
+        parts.append(f"{column} >= {_literal(low, kind)} AND {column} <= {_literal(high, kind)}")
+    return "".join(f" AND {p}" for p in parts)

@@ -1,0 +1,53 @@
+"""Dead letters: documents that fail the checks, set aside with where they came from and why.
+
+With ``on_invalid: dead_letter`` a binding's epoch is committed without its invalid documents;
+they are staged with the epoch (in the driver checkpoint, beside the binding's rows) and
+appended to the binding's dead-letter Delta table by the epoch's apply, under the same txn id
+(pipeline) and txn version (epoch) as its table: a replay after a crash skips what is already
+there, so each rejected document lands exactly once. Columns:
+
+``binding``, ``epoch``, ``source`` (the file's URI), ``line`` (1-based), ``reason`` (what the check
+found, as the error of ``on_invalid: fail`` words it), ``document`` (the line as read).
+
+Only what a document shows alone is dead-lettered (not JSON, no key, a reserved field, a value
+that does not fit ``source.schema``); documents that cannot make one table *together* (a field
+that is a number in one and an object in another, without ``source.schema``) still stop the run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+REASON = "__problem"
+"""The checked DataFrame's column holding each document's problem (NULL: valid)."""
+COLUMNS = ("binding", "epoch", "source", "line", "reason", "document")
+
+
+def split(checked: "DataFrame", reason: str = REASON) -> tuple["DataFrame", "DataFrame"]:
+    """The valid documents (the reason column dropped) and the invalid ones (with it)."""
+    from pyspark.sql import functions as F
+
+    good = checked.where(F.col(reason).isNull()).drop(reason)
+    bad = checked.where(F.col(reason).isNotNull())
+    return good, bad
+
+
+def rejected_rows(bad: "DataFrame", source: "Column", line: "Column", reason: str = REASON) -> "DataFrame":
+    """The dead-letter rows of one epoch's invalid documents, before the epoch is known."""
+    from pyspark.sql import functions as F
+
+    return bad.select(
+        source.alias("source"), line.cast("long").alias("line"), F.col(reason).alias("reason"), F.col("value").alias("document")
+    )
+
+
+def for_epoch(rejected: "DataFrame", binding: str, epoch: int) -> "DataFrame":
+    """``rejected`` with the binding and the epoch it was read in, in the table's column order."""
+    from pyspark.sql import functions as F
+
+    return rejected.select(
+        F.lit(binding).alias("binding"), F.lit(epoch).cast("long").alias("epoch"), "source", "line", "reason", "document"
+    )

@@ -1,0 +1,150 @@
+"""Issue #18, part 4: ``on_invalid: dead_letter`` sets invalid documents aside, exactly once.
+
+Good rows land; each invalid document lands once in the dead-letter table with its file, line,
+reason and epoch, written in the epoch's apply under the same txn id, also when the apply is
+cut short between the table and the dead-letter table, or after both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.config import parse_config
+from materializer.errors import ConfigError, SourceError
+from materializer.progress import ListCollector
+from materializer.runtime import Runtime
+from tests.helpers import binding, table_rows
+from tests.test_holes import Killed, config_with, last_epoch
+
+LINES = [
+    '{"id": 1, "v": "a"}',
+    "not json at all",
+    "",
+    '{"id": 2, "v": "b"}',
+    '{"v": "no key"}',
+    '{"id": 4, "_op": "x"}',
+    '{"id": 1, "v": "a2"}',
+]
+
+
+def _source(folder: Path, name: str = "a.jsonl", lines: list[str] = LINES) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def _dead(spark: Any, table: Path) -> list[tuple[Any, ...]]:
+    rows = spark.read.format("delta").load(str(table)).collect()
+    return sorted((r["binding"], r["epoch"], r["source"].rsplit("/", 1)[-1], r["line"], r["reason"], r["document"]) for r in rows)
+
+
+def test_dead_letters_are_for_the_documents_source_and_have_a_default_table() -> None:
+    base = {"pipeline_id": "p", "recovery_log": "/l", "staging": "/s"}
+    b = {"name": "b", "table": "/t/orders", "key": ["id"], "on_invalid": "dead_letter"}
+    config = parse_config({**base, "bindings": [{**b, "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")
+    assert config.bindings[0].dead_letters == "/t/orders_dead_letters"
+    with pytest.raises(ConfigError, match="documents source only"):
+        parse_config({**base, "bindings": [{**b, "source": {"format": "cdcv2", "path": "/x"}}]}, "f.yaml")
+    with pytest.raises(ConfigError, match="dead_letter_table is for on_invalid"):
+        parse_config({**base, "bindings": [{**b, "on_invalid": "fail", "dead_letter_table": "/d", "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")
+
+
+@pytest.mark.spark
+def test_bad_lines_land_in_the_dead_letter_table_with_file_line_reason_and_epoch(spark: Any, tmp_path: Path) -> None:
+    table, dead = tmp_path / "tables" / "items", tmp_path / "tables" / "rejects"
+    _source(tmp_path / "src")
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter", dead_letter_table=str(dead))])
+    collector = ListCollector()
+    Runtime(config, spark, collector).run()
+    assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "v": "a2"}, (2,): {"id": 2, "v": "b"}}
+    found = _dead(spark, dead)
+    assert [(b, e, f, line) for b, e, f, line, _r, _d in found] == [("items", 1, "a.jsonl", 2), ("items", 1, "a.jsonl", 5), ("items", 1, "a.jsonl", 6)]
+    assert "not valid JSON" in found[0][4] and "key field 'id' is missing" in found[1][4] and "'_op' is reserved" in found[2][4]
+    assert [d for *_x, d in found] == [LINES[1], LINES[4], LINES[5]]
+    record = collector.named("progress")[-1]["record"]
+    assert record.dead_letters == 3 and record.bindings[0].dead_letters == 3 and record.documents == 6
+    # Same txn id and version as the table: Delta records the epoch on both.
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(dead)).transaction_version("test-pipeline") == 1
+
+    # A second epoch's bad line: appended with its epoch, the first epoch's not again.
+    _source(tmp_path / "src", "b.jsonl", ['{"id": 3, "v": "c"}', "{broken"])
+    Runtime(config, spark).run()
+    assert [(e, f, line) for _b, e, f, line, _r, _d in _dead(spark, dead)] == [(1, "a.jsonl", 2), (1, "a.jsonl", 5), (1, "a.jsonl", 6), (2, "b.jsonl", 2)]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,), (3,)]
+
+
+@pytest.mark.spark
+def test_a_value_that_does_not_fit_the_declared_schema_is_dead_lettered_and_fail_still_stops(spark: Any, tmp_path: Path) -> None:
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src", lines=['{"id": 1, "n": 5}', '{"id": 2, "n": "five"}', '{"id": 3, "n": 7}'])
+    failing = config_with(tmp_path / "f", [binding("items", tmp_path / "src", tmp_path / "f" / "t", schema="id BIGINT, n INT")])
+    with pytest.raises(SourceError, match="a.jsonl:2"):
+        Runtime(failing, spark).run()
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, n INT", on_invalid="dead_letter")])
+    Runtime(config, spark).run()
+    assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "n": 5}, (3,): {"id": 3, "n": 7}}
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(f, line) for _b, _e, f, line, _r, _d in dead] == [("a.jsonl", 2)] and "field 'n'" in dead[0][4]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "cut",
+    [
+        "before-dead-letters",  # crash here leaves the table applied, its dead letters not
+        "after-both",  # crash here leaves both applied and the staged files in place
+    ],
+)
+def test_dead_letters_land_exactly_once_when_the_apply_is_cut_short(spark: Any, tmp_path: Path, cut: str) -> None:
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src")
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter")])
+    runtime = Runtime(config, spark)
+    if cut == "before-dead-letters":
+        def stop(*_args: Any) -> Any:
+            raise Killed("killed between the table's commit and the dead-letter table's")
+
+        runtime.driver._apply_dead_letters = stop  # type: ignore[method-assign]
+    else:
+        acknowledge = runtime.driver.acknowledge
+
+        def stop(message: Any) -> Any:
+            acknowledge(message)
+            raise Killed("killed after the apply, before the run went on")
+
+        runtime.driver.acknowledge = stop  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        runtime.run()
+    assert last_epoch(config) == 1
+    Runtime(config, spark).run()
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(e, line) for _b, e, _f, line, _r, _d in dead] == [(1, 2), (1, 5), (1, 6)]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
+    assert not [f for f in (tmp_path / "staging").rglob("*.parquet")]  # applied, then cleaned up
+
+
+@pytest.mark.crash
+def test_a_run_sigkilled_between_the_table_and_its_dead_letters_lands_each_once(spark: Any, tmp_path: Path) -> None:
+    from tests.helpers import run_cli, write_config
+
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src")
+    config = write_config(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter")])
+    killed = run_cli("run", "--config", str(config), env={"MATERIALIZER_CRASH_AT": "after-apply:1"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
+    assert not Path(str(table) + "_dead_letters").exists()  # killed before the dead-letter commit
+    Runtime(parse_config_file(config), spark).run()
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(e, line) for _b, e, _f, line, _r, _d in dead] == [(1, 2), (1, 5), (1, 6)]
+    assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
+
+
+def parse_config_file(path: Path) -> Any:
+    from materializer.config import load_config
+
+    return load_config(path)

@@ -1,0 +1,94 @@
+"""Issue #18, part 2: an epoch's cost set by the epoch, not the table.
+
+New tables get deletion vectors (a MERGE marks replaced rows instead of copying whole files), and
+the MERGE condition carries the epoch's key bounds, observed while staging, so Delta skips the
+table's files that hold none of the epoch's keys.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.bounds import bounds_condition
+from materializer.driver import merge_sql
+from materializer.runtime import Runtime
+from tests.helpers import binding, table_rows, write_jsonl
+from tests.test_holes import config_with
+
+pytestmark = pytest.mark.spark
+
+
+def test_bounds_compose_into_the_merge_condition_without_touching_the_rest() -> None:
+    bounds = {"id": ["integer", "3", "9"], "na`me": ["string", "61", "7A"]}
+    condition = bounds_condition(bounds)
+    assert condition == " AND t.`id` >= 3 AND t.`id` <= 9 AND t.`na``me` >= CAST(X'61' AS STRING) AND t.`na``me` <= CAST(X'7A' AS STRING)"
+    sql = merge_sql("delta.`/x`", "v", ["id"], ["id", "v"], "", condition)
+    assert f"ON t.`id` = s.`id`{condition} WHEN MATCHED" in sql
+    assert bounds_condition(None) == "" and merge_sql("x", "v", ["id"], ["id"]) == merge_sql("x", "v", ["id"], ["id"], "", "")
+
+
+def test_observed_bounds_round_trip_exactly_for_every_bounded_key_type(spark: Any) -> None:
+    """Each key type's bounds, turned back into SQL literals, take in exactly the epoch's keys."""
+    from pyspark.sql import Observation
+
+    from materializer.bounds import bound_aggregates, bounds_from
+
+    utc = dt.timezone.utc
+    rows = [
+        (1, "it's \\ é", dt.date(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 0, 1, tzinfo=utc), Decimal("1.10"), 0.5),
+        (-7, "zz\u00ff", dt.date(1969, 12, 31), dt.datetime(2031, 5, 6, 7, 8, 9, 999999, tzinfo=utc), Decimal("-3.25"), 1.5),
+        (None, None, None, None, None, None),
+    ]
+    schema = "i bigint, s string, d date, ts timestamp, n decimal(10,2), f double"
+    key = ["i", "s", "d", "ts", "n", "f"]
+    df = spark.createDataFrame(rows, schema)
+    aggregates, kinds = bound_aggregates(df.schema, key)
+    assert "f" not in kinds  # no bounds for floating-point keys
+    observation = Observation("bounds_test")
+    df.observe(observation, *aggregates).write.format("noop").mode("overwrite").save()
+    bounds = bounds_from(observation.get, key, kinds)
+    assert set(bounds) == {"i", "s", "d", "ts", "n"}
+    df.createOrReplaceTempView("bounded")
+    inside = spark.sql(f"SELECT count(*) AS c FROM bounded t WHERE true{bounds_condition(bounds)}").collect()[0]["c"]
+    assert inside == 2  # both non-NULL rows: the bounds are exact, nothing of the epoch is left out
+    for name, (kind, low, high) in bounds.items():
+        # Just outside each bound is outside: the bounds are tight, so files can be skipped.
+        one = {name: [kind, low, low]}
+        assert spark.sql(f"SELECT count(*) AS c FROM bounded t WHERE true{bounds_condition(one)}").collect()[0]["c"] == 1
+
+
+def test_a_merge_skips_the_files_outside_the_epochs_keys(spark: Any, tmp_path: Path) -> None:
+    """A data file of keys the epoch does not touch is never read: removed from disk, the MERGE
+    still succeeds (without the bounds it reads every file and fails on the missing one)."""
+    table = tmp_path / "tables" / "items"
+    (
+        spark.range(0, 400, numPartitions=4).selectExpr("id", "id * 2 AS v").repartitionByRange(4, "id").sortWithinPartitions("id")
+        .write.format("delta").option("delta.enableDeletionVectors", "true").save(str(table))
+    )
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 5, "v": -1}, {"id": 7, "v": -1}, {"_meta": {"op": "d"}, "id": 9}])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, adopt_table=True)])
+    highest = max((f for f in table.glob("*.parquet")), key=lambda f: int(spark.read.parquet(str(f)).agg({"id": "max"}).collect()[0][0]))
+    highest.unlink()  # keys 300-399: none of them in the epoch
+    summary = Runtime(config, spark).run()
+    assert summary.last_epoch == 1
+    low = spark.read.format("delta").load(str(table)).where("id < 10").collect()
+    assert {r["id"]: r["v"] for r in low} == {0: 0, 1: 2, 2: 4, 3: 6, 4: 8, 5: -1, 6: 12, 7: -1, 8: 16}
+
+
+def test_a_merge_into_a_created_table_marks_rows_with_deletion_vectors_instead_of_copying_files(spark: Any, tmp_path: Path) -> None:
+    table = tmp_path / "tables" / "items"
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(50)])
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "v": -3}, {"_meta": {"op": "d"}, "id": 4}, {"id": 99, "v": 99}])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table)])
+    Runtime(config, spark).run()
+    merge = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()[0]
+    assert merge["operation"] == "MERGE"
+    metrics = merge["operationMetrics"]
+    assert metrics["numTargetRowsCopied"] == "0" and int(metrics["numTargetDeletionVectorsAdded"]) >= 1
+    rows = table_rows(spark, table, ["id"])
+    assert len(rows) == 50 and rows[(3,)]["v"] == -3 and (4,) not in rows and (99,) in rows
