@@ -13,6 +13,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
+current_tiers: set[str] | None = None
+"""The running test's tier markers (tests/conftest.py sets it); None outside a test."""
+
 
 def write_config(folder: Path, bindings: list[dict[str, Any]], **settings: Any) -> Path:
     """A pipeline config whose state lives under ``folder``; returns its path."""
@@ -47,10 +50,30 @@ def write_jsonl(path: Path, docs: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``materializer ARGS`` in a fresh process (its own JVM)."""
+def require_subprocess_tier(what: str) -> None:
+    """Fail the running test unless it is in the ``subprocess`` tier (tests/conftest.py)."""
+    if current_tiers is not None and "subprocess" not in current_tiers:
+        import pytest
+
+        pytest.fail(f"{what}: mark the test `subprocess` (or `crash`)")
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600, jvm: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``materializer ARGS`` in a fresh process (its own JVM).
+
+    A test that starts a JVM this way belongs to the ``subprocess`` tier (mark it ``subprocess``, or
+    ``crash`` if it kills it). ``jvm=False`` says the command stops before Spark (``--version``,
+    ``schema``, a configuration error, no Java): allowed in any tier, and held to it by a
+    ``JAVA_HOME`` that has no Java unless the test sets its own.
+    """
     full_env = dict(os.environ)
     full_env.pop("MATERIALIZER_CRASH_AT", None)
+    if jvm:
+        require_subprocess_tier("run_cli starts the CLI and its JVM (or pass jvm=False)")
+    else:
+        full_env["JAVA_HOME"] = str(REPO / "no-jvm-in-this-tier")
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],

@@ -42,13 +42,13 @@ def test_py_typed_ships_with_the_package() -> None:
 
 
 def test_version_flag() -> None:
-    result = run_cli("--version", timeout=60)
+    result = run_cli("--version", timeout=60, jvm=False)
     assert result.returncode == 0 and result.stdout.strip() == f"materializer {PROJECT['version']}"
 
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    result = run_cli("schema", timeout=60)
+    result = run_cli("schema", timeout=60, jvm=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
