@@ -187,7 +187,7 @@ def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) ->
     """Run ``materializer drill``; on timeout SIGTERM it, so it kills its own runs and JVMs first."""
     require_subprocess_tier("a drill runs the CLI and its JVMs")
     report = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "cli.main", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
+    argv = [sys.executable, "-m", "materializer_cli", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
             "--report", str(report), *args]
     env = {k: v for k, v in os.environ.items() if k != crash.ENV}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
