@@ -40,8 +40,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 for marker in markers:
                     if not item.get_closest_marker(marker):
                         item.add_marker(marker)
-        if item.get_closest_marker("crash") and not item.get_closest_marker("subprocess"):
-            item.add_marker("subprocess")  # a SIGKILLed CLI is a subprocess with its JVM
+        # A SIGKILLed CLI, a Connect server, a broker: each a JVM in another process (a parametrised
+        # fixture may take the Connect session by getfixturevalue, out of sight of fixturenames).
+        if any(item.get_closest_marker(m) for m in ("crash", "connect", "kafka")) and not item.get_closest_marker("subprocess"):
+            item.add_marker("subprocess")
 
 
 @pytest.fixture(autouse=True)
