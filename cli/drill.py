@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 
+from .common import echo_json, session
+from .common import fail as _fail
 from materializer.config import DEFAULT_CONFIG, load_config
 from materializer.errors import ConfigError, MaterializerError
-
-
-def _fail(exc: MaterializerError) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(exc.exit_code)
 
 
 def drill(
@@ -158,11 +154,10 @@ def recover(
         cfg = load_config(config)
         if (skip_epoch is None) != (binding is None):
             raise ConfigError("--skip-epoch and --binding go together: the stuck epoch and the binding whose table refuses it")
-        from cli.main import _session
         from materializer.recover import recover as do_recover
         from materializer.recover import skip_epoch as do_skip
 
-        spark = _session(cfg, None)
+        spark = session(cfg, None)
         if skip_epoch is not None and binding is not None:
             summary = do_skip(cfg, spark, skip_epoch, binding, keep_to)
         else:
@@ -173,7 +168,7 @@ def recover(
     if json_out:
         from dataclasses import asdict
 
-        typer.echo(json.dumps(asdict(summary), indent=2))
+        echo_json(asdict(summary))
         return
     for action in summary.actions:
         typer.echo(f"- {action}")

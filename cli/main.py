@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -11,8 +10,12 @@ from typing import Any, Optional
 
 import typer
 
+from .common import echo_json, fail, options, session, stop
 from materializer.config import DEFAULT_CONFIG, load_config
 from materializer.errors import ConfigError, MaterializerError
+
+# The names other modules of cli/ used before cli/common.py existed.
+_fail, _session, _stop = fail, session, stop
 
 app = typer.Typer(
     name="materializer",
@@ -29,7 +32,6 @@ RemoteOption = typer.Option(
 )
 
 
-_options = {"verbose": False}
 log = logging.getLogger("materializer")
 
 
@@ -46,51 +48,7 @@ def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Spark's and Ivy's own output (start-up, jar fetching)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
-    _options["verbose"] = verbose
-
-
-def _fail(exc: MaterializerError) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(exc.exit_code)
-
-
-def _fetch_report(line: str) -> None:
-    """The first run's jar download: one line on stderr, its progress rewritten in place on a terminal."""
-    if line.startswith("  ") and "downloaded" in line:
-        if sys.stderr.isatty():
-            sys.stderr.write("\r" + line.strip() + " " * 10)
-            sys.stderr.flush()
-        return
-    if line.startswith("  fetched") and sys.stderr.isatty():
-        sys.stderr.write("\r")
-    typer.echo(line.strip() if line.startswith("  ") else line, err=True)
-
-
-def _uses_s3(config: Any) -> bool:
-    from materializer.storage import is_s3
-
-    paths = [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
-    return any(is_s3(u) for u in [config.staging] + [b.table for b in config.bindings] + paths)
-
-
-def _uses_kafka(config: Any) -> bool:
-    return any(b.source.format == "kafka" for b in config.bindings)
-
-
-def _session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
-    from materializer.spark import session_for
-
-    # --master picks a classic master over the config's remote; --remote a server over both.
-    remote = remote or (None if master else config.spark.remote)
-    return session_for(
-        master or config.spark.master,
-        dict(config.spark.conf),
-        remote=remote,
-        s3=_uses_s3(config),
-        kafka=_uses_kafka(config),
-        verbose=_options["verbose"],
-        report=_fetch_report,
-    )
+    options["verbose"] = verbose
 
 
 class _Printer:
@@ -127,7 +85,7 @@ def _log_to_stderr(quiet: bool) -> None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.handlers[:] = [handler]
     log.propagate = False
-    log.setLevel(logging.DEBUG if _options["verbose"] else logging.WARNING if quiet else logging.INFO)
+    log.setLevel(logging.DEBUG if options["verbose"] else logging.WARNING if quiet else logging.INFO)
 
 
 def _metrics(pipeline_id: str, port: int | None, host: str, textfile: Path | None, push: str | None) -> Any:
@@ -145,15 +103,6 @@ def _metrics(pipeline_id: str, port: int | None, host: str, textfile: Path | Non
     if textfile is not None:
         metrics.textfile(str(textfile))
     return metrics
-
-
-def _stop(spark: Any) -> None:
-    """Stop the session we started before exiting: its JVM no longer shares our stderr (see
-    spark.py), so without this the command could end while the JVM is still shutting down (a
-    cluster would list the application as running for a while)."""
-    from materializer.spark import stop_session
-
-    stop_session(spark)
 
 
 def _push(metrics: Any, gateway: str) -> None:
@@ -240,7 +189,7 @@ def run(
         else:
             return  # stdout carries the JSON lines only
     if json_out:
-        typer.echo(json.dumps(result))
+        echo_json(result, indent=None)
         return
     if summary.reapplied:
         statuses = ", ".join(f"{r.binding} {r.status}" for r in summary.reapplied.results) or "nothing to apply"
@@ -285,7 +234,7 @@ def status(
     if json_out:
         from dataclasses import asdict
 
-        typer.echo(json.dumps(asdict(st) | {"agrees": st.agrees}, indent=2))
+        echo_json(asdict(st) | {"agrees": st.agrees})
     else:
         typer.echo(f"pipeline {st.pipeline_id}: last committed epoch {st.last_epoch} (log sequence {st.last_seq}, {st.log_entries} entries kept)")
         for t in st.tables:
@@ -302,7 +251,7 @@ def status(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the pipeline YAML (for editors and CI checks)."""
-    typer.echo(json.dumps(config_schema(), indent=2))
+    echo_json(config_schema())
 
 
 def config_schema() -> dict[str, Any]:
@@ -312,12 +261,12 @@ def config_schema() -> dict[str, Any]:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **PipelineConfig.model_json_schema()}
 
 
-from cli.bench import bench as _bench  # noqa: E402 - issue #7; imports nothing heavy
+from .bench import bench as _bench  # noqa: E402 - issue #7; imports nothing heavy
 
 app.command(name="bench")(_bench)
 
 
-from cli.drill import register as _register_drill  # noqa: E402 - after the app exists
+from .drill import register as _register_drill  # noqa: E402 - after the app exists
 
 _register_drill(app)  # `materializer drill` and `materializer recover`
 from cli.backfill import register as _register_backfill  # noqa: E402 - after the app exists

@@ -825,7 +825,7 @@ def run_recovery(
     def launch(args: list[str], extra_env: dict[str, str], phase: str) -> tuple[subprocess.CompletedProcess[str], float]:
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *args],
+            [sys.executable, "-m", "materializer_cli", *args],
             cwd=REPO,
             env={**env, **extra_env},
             stdout=subprocess.PIPE,

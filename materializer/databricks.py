@@ -83,14 +83,9 @@ def cluster_session(config: "PipelineConfig") -> "SparkSession":
         # On Databricks the session exists but may not be "active" in this thread: take it as
         # it is, with the cluster's own Delta and storage settings, never our jars.
         return SparkSession.builder.getOrCreate()
-    from materializer.spark import session_for
-    from materializer.storage import is_s3
+    from materializer.spark import config_session
 
-    uris = [config.staging, config.recovery_log] + [b.table for b in config.bindings] + [b.source.path for b in config.bindings if b.source.path is not None]
-    kafka = any(b.source.format == "kafka" for b in config.bindings)
-    return session_for(
-        config.spark.master, dict(config.spark.conf), remote=config.spark.remote, s3=any(is_s3(u) for u in uris), kafka=kafka
-    )
+    return config_session(config)
 
 
 def run(argv: Sequence[str]) -> "RunSummary":

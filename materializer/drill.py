@@ -5,7 +5,7 @@ A drill never touches the pipeline it is given. It copies the configuration into
 rewritten to live there; the sources are only read (their files are immutable). Then:
 
 ``kills`` (the default scenario)
-    runs ``python -m cli.main run --config <scratch>`` in its own process group, once per planned
+    runs ``python -m materializer_cli run --config <scratch>`` in its own process group, once per planned
     kill: first one kill at each named failure point (``MATERIALIZER_CRASH_AT``, so successive
     restarts chain through the points on one pipeline), then ``--kills`` random SIGKILLs of the
     whole group (the JVM included), most of them timed after an epoch's log commit so they land
@@ -311,7 +311,7 @@ class _Child:
         self.lines: "queue.Queue[tuple[float, str] | None]" = queue.Queue()
         self.output: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *args],
+            [sys.executable, "-m", "materializer_cli", *args],
             cwd=os.getcwd(),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -670,11 +670,11 @@ class Drill:
 
     def spark(self) -> "SparkSession":
         if self._spark is None:
-            from materializer.spark import build_session
+            from materializer.spark import config_session
 
-            self._spark = build_session(
-                self.config.spark.master, dict(self.config.spark.conf), app_name="materializer-drill"
-            )
+            # The config's master even when it names a Connect server: the drill reads the tables
+            # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
+            self._spark = config_session(self.config, master=self.config.spark.master, app_name="materializer-drill")
         return self._spark
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:

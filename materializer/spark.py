@@ -22,6 +22,8 @@ from materializer.errors import StartupError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from materializer.config import PipelineConfig
+
 SCALA_VERSION = "2.13"
 # The Delta release paired with each supported Spark minor version (the pairs the README lists
 # and tests/compat.sh tests). Delta 4.0's jar has no Spark version in its name; later ones do.
@@ -538,3 +540,33 @@ def s3a_conf(environ: "dict[str, str] | None" = None) -> dict[str, str]:
     if region:
         conf["spark.hadoop.fs.s3a.endpoint.region"] = region
     return conf
+
+
+def config_session(
+    config: "PipelineConfig",
+    *,
+    master: str | None = None,
+    remote: str | None = None,
+    app_name: str | None = None,
+    verbose: bool = False,
+    report: "Callable[[str], None] | None" = None,
+) -> "SparkSession":
+    """The session a pipeline's config asks for: the one builder of the CLI, the Databricks job and the drill.
+
+    ``--master`` picks a classic master over the config's remote; ``--remote`` a server over both.
+    hadoop-aws when a table, the staging area or a source is on S3; Spark's Kafka connector when a
+    binding reads Kafka.
+    """
+    from materializer.storage import is_s3
+
+    remote = remote or (None if master else config.spark.remote)
+    uris = [config.staging] + [b.table for b in config.bindings]
+    uris += [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
+    kafka = any(b.source.format == "kafka" for b in config.bindings)
+    conf = dict(config.spark.conf)
+    if remote:
+        return remote_session(remote, conf)
+    extra = {"app_name": app_name} if app_name else {}
+    return build_session(
+        master or config.spark.master, conf, s3=any(is_s3(u) for u in uris), kafka=kafka, verbose=verbose, report=report, **extra
+    )

@@ -1,10 +1,70 @@
-"""One SparkSession for every integration test of the run (JVM start-up is the slow part)."""
+"""Test tiers, and one SparkSession for every integration test of the run (JVM start-up is the slow part).
+
+Every test belongs to one tier, chosen from what it uses, so nobody has to remember a marker:
+
+* no marker: **unit**, no JVM at all (a Python subprocess, ``run_cli(..., jvm=False)``, is fine);
+* ``spark``: the shared in-process SparkSession (the ``spark`` fixture);
+* ``subprocess``: starts a JVM in another process: the CLI through ``run_cli``, a Spark Connect
+  server, a Kafka broker, a standalone cluster; ``crash`` (a real SIGKILL) is one of these.
+
+``spark``, ``connect``, ``kafka`` and ``subprocess`` are added here by fixture use; ``run_cli`` and
+the unit-tier guard below fail a test that starts a JVM its markers do not admit, so a test
+cannot slip into the wrong tier. Tiers: ``pytest -m "not spark and not subprocess"`` (unit),
+``pytest -m "spark and not subprocess"`` (in-process), ``pytest -m subprocess``.
+"""
 
 from __future__ import annotations
 
 from typing import Iterator
 
 import pytest
+
+from tests import helpers
+
+# fixture -> markers it implies
+FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
+    "spark": ("spark",),
+    "connect_server": ("connect", "subprocess"),
+    "connect_spark": ("connect", "subprocess"),
+    "broker": ("kafka", "subprocess"),
+    "cluster": ("subprocess",),
+}
+JVM_TIERS = ("spark", "subprocess", "crash", "connect", "kafka")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, markers in FIXTURE_TIERS.items():
+            if fixture in names:
+                for marker in markers:
+                    if not item.get_closest_marker(marker):
+                        item.add_marker(marker)
+        # A SIGKILLed CLI, a Connect server, a broker: each a JVM in another process (a parametrised
+        # fixture may take the Connect session by getfixturevalue, out of sight of fixturenames).
+        if any(item.get_closest_marker(m) for m in ("crash", "connect", "kafka")) and not item.get_closest_marker("subprocess"):
+            item.add_marker("subprocess")
+
+
+@pytest.fixture(autouse=True)
+def _tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tell ``run_cli`` which tiers this test is in; in the unit tier, forbid starting Spark here."""
+    node = request.node
+    markers = {m for m in JVM_TIERS if node.get_closest_marker(m)}
+    helpers.current_tiers = markers
+    if not markers:
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:  # the core install: nothing can start a JVM
+            pass
+        else:
+
+            def refuse(self: object, *args: object, **kwargs: object) -> None:
+                pytest.fail(f"{node.nodeid} starts a SparkSession: use the `spark` fixture (it marks the test `spark`)")
+
+            monkeypatch.setattr(SparkSession.Builder, "getOrCreate", refuse)
+    yield
+    helpers.current_tiers = None
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Shared test helpers: pipeline configs in a temp folder, the CLI as a subprocess, the oracle."""
+"""Shared test helpers: pipeline configs in a temp folder, the CLI as a subprocess, the oracle, in-process crashes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+current_tiers: set[str] | None = None
+"""The running test's tier markers (tests/conftest.py sets it); None outside a test."""
 
 
 def write_config(folder: Path, bindings: list[dict[str, Any]], **settings: Any) -> Path:
@@ -47,35 +51,39 @@ def write_jsonl(path: Path, docs: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``materializer ARGS`` in a fresh process (its own JVM)."""
+def require_subprocess_tier(what: str) -> None:
+    """Fail the running test unless it is in the ``subprocess`` tier (tests/conftest.py)."""
+    if current_tiers is not None and "subprocess" not in current_tiers:
+        import pytest
+
+        pytest.fail(f"{what}: mark the test `subprocess` (or `crash`)")
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600, jvm: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``materializer ARGS`` in a fresh process (its own JVM).
+
+    A test that starts a JVM this way belongs to the ``subprocess`` tier (mark it ``subprocess``, or
+    ``crash`` if it kills it). ``jvm=False`` says the command stops before Spark (``--version``,
+    ``schema``, a configuration error, no Java): allowed in any tier, and held to it by a
+    ``JAVA_HOME`` that has no Java unless the test sets its own.
+    """
     full_env = dict(os.environ)
     full_env.pop("MATERIALIZER_CRASH_AT", None)
+    if jvm:
+        require_subprocess_tier("run_cli starts the CLI and its JVM (or pass jvm=False)")
+    else:
+        full_env["JAVA_HOME"] = str(REPO / "no-jvm-in-this-tier")
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "materializer_cli", *args],
         cwd=cwd or REPO,
         env=full_env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-
-
-def documents_oracle(folder: Path, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """Standard mode, lastWriteWins: the final row per key, computed in plain Python."""
-    state: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for path in sorted(p for p in folder.iterdir() if p.suffix in (".jsonl", ".json", ".ndjson")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            doc = json.loads(line)
-            k = tuple(doc[f] for f in key)
-            if doc.get("_meta", {}).get("op") == "d":
-                state.pop(k, None)
-            else:
-                state[k] = {f: v for f, v in doc.items() if f != "_meta"}
-    return state
 
 
 def table_rows(spark: Any, table: Path | str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -88,3 +96,145 @@ def table_rows(spark: Any, table: Path | str, key: list[str]) -> dict[tuple[Any,
         assert k not in out, f"key {k} appears twice in {table}"
         out[k] = data
     return out
+
+
+# --- the oracle: materializer's own ------------------------------------------------------------
+
+
+def assert_tables_equal_oracle(
+    spark: Any, config: Any, *, bindings: list[str] | None = None, tables: dict[str, Path] | None = None
+) -> None:
+    """Every binding's table equals what ``materializer.oracle`` computes from the sources alone.
+
+    ``config``: a PipelineConfig or the path of its YAML; ``bindings``: only these; ``tables``: read
+    these bindings' tables from another place (a local copy of an S3 table). The drill's
+    oracle, unit-tested in tests/test_oracle.py: one definition of the documented semantics
+    (reductions, deletes, epochs of whole files) for every test.
+    """
+    from materializer import oracle
+    from materializer.config import load_config
+
+    if isinstance(config, (str, Path)):
+        config = load_config(Path(config))
+    for name, expected in oracle.expected_all(config).items():
+        if bindings is not None and name not in bindings:
+            continue
+        binding_config = config.binding(name)
+        assert expected.verified, f"{name}: {expected.reason}"
+        table = str((tables or {}).get(name, binding_config.table))
+        is_path = "/" in table or ":" in table
+        frame = spark.read.format("delta").load(table) if is_path else spark.table(table)
+        rows = [r.asDict(recursive=True) for r in frame.collect()]
+        result = oracle.compare(expected, rows, binding_config.key)
+        assert result.ok, f"{name}: lost {result.lost}, duplicated {result.duplicated}, wrong {result.wrong}"
+
+
+# --- a crash in this process --------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """Unwinds a thread :class:`InProcessCrash` froze, once the test is done with it."""
+
+
+class InProcessCrash:
+    """``MATERIALIZER_CRASH_AT`` without killing the test process: the thread reaching the point freezes.
+
+    A frozen thread does nothing more, as after a power cut (no ``finally``, no clean-up), while the
+    test reads the state on disk, runs the recovery in another Runtime and checks the end state.
+    ``mid-apply``/``mid-load`` interrupt their Spark operation by its tag (what the JVM's death does to
+    it) and freeze before the caller sees the error. :meth:`thaw` then raises :class:`Killed` in the
+    frozen thread so it unwinds; call it last (its ``finally`` blocks run then). What only a real
+    SIGKILL shows (a JVM dying inside a job, a Connect server outliving its client) stays with the
+    ``crash`` tests.
+    """
+
+    def __init__(self, monkeypatch: Any, spec: str) -> None:
+        import threading
+
+        from materializer import crash
+
+        self.fired = threading.Event()
+        self._thaw = threading.Event()
+        self.where = ""
+        monkeypatch.setenv(crash.ENV, spec)
+        monkeypatch.setattr(crash, "kill_now", self.freeze)
+        monkeypatch.setattr(crash, "crash_during_spark_job", self._during_spark_job)
+
+    def freeze(self) -> None:
+        import threading
+
+        self.where = threading.current_thread().name
+        self.fired.set()
+        self._thaw.wait()
+        raise Killed(self.where)
+
+    def disarm(self) -> None:
+        """The next run (the recovery) runs to its end."""
+        from materializer import crash
+
+        os.environ.pop(crash.ENV, None)
+
+    def thaw(self) -> None:
+        self._thaw.set()
+
+    def _during_spark_job(self, point: str, epoch: int, spark: Any, tag: str, *, watch: str | None = None) -> Any:
+        import threading
+        import time
+        from contextlib import contextmanager
+
+        from materializer import crash
+
+        @contextmanager
+        def block() -> Iterator[None]:
+            if not crash.armed(point, epoch):
+                yield
+                return
+            stop = threading.Event()
+            before = crash.data_files(watch) if watch else set()
+            started = time.monotonic()
+
+            def watcher() -> None:
+                # As crash.crash_during_spark_job: fire once the MERGE writes its first data file, or
+                # once the operation has run IN_FLIGHT_SECONDS.
+                while not stop.is_set():
+                    if (watch is not None and crash.data_files(watch) - before) or (
+                        watch is None and time.monotonic() - started >= crash.IN_FLIGHT_SECONDS
+                    ):
+                        spark.interruptTag(tag)
+                        return
+                    time.sleep(0.005)
+
+            threading.Thread(target=watcher, name=f"crash-{point}", daemon=True).start()
+            try:
+                yield
+            except Exception:  # noqa: BLE001 - the interrupted operation: the process is dead by now
+                stop.set()
+                self.freeze()
+            stop.set()
+            self.freeze()  # the operation finished before the watcher fired: die before anything else
+
+        return block()
+
+    def run(self, target: Callable[[], Any], *, timeout: float = 600) -> Any:
+        """Run ``target`` in a thread until the crash point freezes it; returns the thread."""
+        import threading
+
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                target()
+            except Killed:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - reported to the test below
+                errors.append(exc)
+
+        thread = threading.Thread(target=body, name="crashing-run", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.fired.is_set() and thread.is_alive() and time.monotonic() < deadline:
+            self.fired.wait(0.05)
+        if errors:
+            raise errors[0]
+        assert self.fired.is_set(), "the run ended without reaching the crash point"
+        return thread

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.helpers import REPO, binding, documents_oracle, table_rows, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, binding, write_config, write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -189,7 +189,7 @@ def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster:
         "PYTHONPATH": os.pathsep.join([str(hook), str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(
-        [*prefix, sys.executable, "-m", "cli.main", "run", "--config", str(config), "--master", cluster.master_url, "--json"],
+        [*prefix, sys.executable, "-m", "materializer_cli", "run", "--config", str(config), "--master", cluster.master_url, "--json"],
         cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
@@ -213,4 +213,4 @@ def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster:
     executor_dirs = [d for w in (1, 2) for d in (tmp_path / "cluster" / f"worker-{w}").glob("app-*/*") if d.is_dir()]
     assert len(executor_dirs) >= 2, cluster.logs()
 
-    assert table_rows(spark, table, ["id"]) == documents_oracle(source, ["id"])
+    assert_tables_equal_oracle(spark, config)

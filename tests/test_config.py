@@ -90,7 +90,7 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 def test_cli_reports_config_error_without_traceback_and_before_spark(tmp_path: Path) -> None:
     data = dict(GOOD, bindings=[dict(GOOD["bindings"][0], key=[])])
-    result = run_cli("run", "--config", str(write(tmp_path, data)), timeout=60)
+    result = run_cli("run", "--config", str(write(tmp_path, data)), timeout=60, jvm=False)
     assert result.returncode == 2
     assert "bindings[0].key" in result.stderr
     assert "Traceback" not in result.stderr

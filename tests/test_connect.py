@@ -19,9 +19,9 @@ from materializer.config import load_config
 from materializer.delta import TXN_APP_ID, TableRef, history, table_state
 from materializer.progress import ListCollector
 from materializer.runtime import Runtime
-from tests.collections import delta_updates_rows, generate, standard_state
+from tests.random_collections import generate
 from tests.connect_server import ConnectServer, _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
-from tests.helpers import REPO, binding, run_cli, table_rows, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, binding, run_cli, table_rows, write_config, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]
 
@@ -68,9 +68,7 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
     assert (runtime.driver.apply_spark is not spark) == hasattr(spark, "cloneSession")
     summary = runtime.run()
     assert summary.last_epoch == 3
-    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
-    appended = spark.read.format("delta").load(str(tmp_path / "tables" / "items_log")).collect()
-    assert sorted(((r["id"], r["seq"], r["_op"]) for r in appended), key=repr) == delta_updates_rows(docs, 30)
+    assert_tables_equal_oracle(spark, config)
     for table in ("items", "items_log"):
         assert epochs(spark, tmp_path / "tables" / table) == [1, 2, 3]
         assert table_state(spark, TableRef(str(tmp_path / "tables" / table)), config.pipeline_id).txn_version == 3
@@ -159,6 +157,6 @@ def test_cli_on_connect_killed_mid_merge_restarts_to_the_oracle(
     assert final.returncode == 0, final.stderr[-3000:]
     summary = json.loads(final.stdout)
     assert summary["opened_at_epoch"] == 2 and summary["last_epoch"] == 3
-    assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs)
+    assert_tables_equal_oracle(spark, config)
     assert epochs(spark, tmp_path / "tables" / "items") == [1, 2, 3]  # epoch 2 applied once, by the restart
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []

@@ -19,7 +19,7 @@ import yaml
 
 from materializer import databricks
 from materializer.errors import ConfigError
-from tests.helpers import REPO, documents_oracle, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, write_config, write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -99,9 +99,7 @@ def test_the_bundles_task_runs_on_the_active_session_into_a_catalog_table(
         monkeypatch.setattr(sys, "argv", [task["entry_point"], *params])
         main()
         assert SparkSession.getActiveSession() is spark
-        rows = {r["order_id"]: r.asDict() for r in spark.table(table).collect()}
-        expected = documents_oracle(source, ["order_id"])
-        assert {k: {f: v for f, v in row.items() if v is not None} for k, row in rows.items()} == {k[0]: v for k, v in expected.items()}
+        assert_tables_equal_oracle(spark, config)
         versions = spark.sql(f"DESCRIBE HISTORY {table}").select("version").collect()
         assert len(versions) == 2  # 2 files, one per epoch: one commit per epoch
 

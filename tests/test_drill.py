@@ -21,7 +21,7 @@ import pytest
 from materializer import crash, oracle
 from materializer.config import parse_config
 from materializer.drill import Drill, DrillOptions, scratch_config, unreachable_points
-from tests.helpers import REPO, binding, run_cli, write_config, write_jsonl
+from tests.helpers import REPO, binding, require_subprocess_tier, run_cli, write_config, write_jsonl
 
 
 def make_collection(folder: Path, *, files: int = 4, per_file: int = 15, keys: int = 12, seed: int = 7) -> Path:
@@ -176,7 +176,7 @@ def test_workdir_must_be_empty(tmp_path: Path) -> None:
     cfg_path = pipeline(tmp_path)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
-    result = run_cli("drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "busy"), timeout=60)
+    result = run_cli("drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "busy"), timeout=60, jvm=False)
     assert result.returncode == 2 and "not empty" in result.stderr
 
 
@@ -185,8 +185,9 @@ def test_workdir_must_be_empty(tmp_path: Path) -> None:
 
 def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) -> tuple[Any, dict[str, Any]]:
     """Run ``materializer drill``; on timeout SIGTERM it, so it kills its own runs and JVMs first."""
+    require_subprocess_tier("a drill runs the CLI and its JVMs")
     report = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "cli.main", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
+    argv = [sys.executable, "-m", "materializer_cli", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
             "--report", str(report), *args]
     env = {k: v for k, v in os.environ.items() if k != crash.ENV}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -253,6 +254,7 @@ def test_damage_is_never_skipped_and_recover_repairs_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.drill
+@pytest.mark.subprocess
 def test_drill_on_a_one_epoch_pipeline_passes(tmp_path: Path) -> None:
     """Issue #11 item 12: every document in one epoch. Random kills planned after a second commit
     or read used to end "never reached, even on a fresh pipeline" and FAIL with 0 rows wrong."""
@@ -269,6 +271,7 @@ def test_drill_on_a_one_epoch_pipeline_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.drill
+@pytest.mark.subprocess
 def test_damage_all_kinds(tmp_path: Path) -> None:
     cfg_path = pipeline(tmp_path, files=4)
     result, data = _drill(tmp_path, cfg_path, "--scenario", "damage")
@@ -279,6 +282,7 @@ def test_damage_all_kinds(tmp_path: Path) -> None:
 
 
 @pytest.mark.drill
+@pytest.mark.subprocess
 def test_long_drill_random_kills(tmp_path: Path) -> None:
     """``pytest -m drill``: 30 random kills over rounds of a bigger collection, on another seed."""
     cfg_path = pipeline(tmp_path, files=10, per_file=20, keys=40, seed=99, max_documents=8)

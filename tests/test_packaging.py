@@ -42,13 +42,13 @@ def test_py_typed_ships_with_the_package() -> None:
 
 
 def test_version_flag() -> None:
-    result = run_cli("--version", timeout=60)
+    result = run_cli("--version", timeout=60, jvm=False)
     assert result.returncode == 0 and result.stdout.strip() == f"materializer {PROJECT['version']}"
 
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    result = run_cli("schema", timeout=60)
+    result = run_cli("schema", timeout=60, jvm=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -144,7 +144,7 @@ def test_a_run_imports_without_pyspark_or_the_tools_until_spark_is_needed() -> N
         "        if name.split('.')[0].replace('_', '-') in BLOCK:\n"
         "            raise ImportError(f'blocked: {name}')\n"
         "sys.meta_path.insert(0, Blocker())\n"
-        "import materializer.databricks, materializer.runtime, materializer.driver, materializer.status, cli.main\n"
+        "import materializer.databricks, materializer.runtime, materializer.driver, materializer.status, materializer_cli.main\n"
         "from materializer.extras import require\n"
         "from materializer.errors import ConfigError\n"
         "try:\n"

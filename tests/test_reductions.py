@@ -1,7 +1,7 @@
 """Reductions (issue #5): per-field strategies, loads in standard mode, exactly-once sums.
 
-The oracle is a plain-Python sequential fold of every document (standard mode) or of each epoch's
-documents (delta-updates mode); see the semantics in :mod:`materializer.reductions`.
+Pipelines are checked against materializer's own oracle (:mod:`materializer.oracle`, the drill's);
+one reduce step against a plain-Python fold (below); see the semantics in :mod:`materializer.reductions`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from materializer.config import BindingConfig, load_config, parse_config
 from materializer.errors import ConfigError
 from materializer.progress import ListCollector
 from materializer.runtime import Runtime
-from tests.helpers import REPO, binding, run_cli, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, binding, run_cli, write_config, write_jsonl
 
 LWW = "lastWriteWins"
 REDUCTIONS = {"n": "sum", "lo": "min", "hi": "max", "first": "firstWriteWins", "tags": "append", "profile": "merge"}
@@ -80,35 +80,8 @@ def standard_rows(docs: list[dict[str, Any]], key: list[str], rules: dict[str, s
     return {k: {**dict(zip(key, k)), **fields} for k, (op, fields) in state.items() if op == "u"}
 
 
-def standard_oracle(docs: list[dict[str, Any]], key: list[str], rules: dict[str, str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    return {k: normalize(row) for k, row in standard_rows(docs, key, rules).items()}
-
-
-def delta_updates_oracle(docs: list[dict[str, Any]], epoch_size: int, key: list[str], rules: dict[str, str]) -> list[dict[str, Any]]:
-    rows = []
-    for start in range(0, len(docs), epoch_size):
-        state: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
-        for doc in docs[start : start + epoch_size]:
-            k = tuple(doc[f] for f in key)
-            state[k] = fold(state.get(k), doc, key, rules)
-        rows += [normalize({**dict(zip(key, k)), **fields, "_op": op}) for k, (op, fields) in state.items()]
-    return sorted(rows, key=canonical)
-
-
-def read_standard(spark: Any, table: Path, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    out = {}
-    for row in spark.read.format("delta").load(str(table)).collect():
-        data = normalize(row.asDict(recursive=True))
-        out[tuple(data[f] for f in key)] = data
-    return out
-
-
 def canonical(row: dict[str, Any]) -> str:
     return json.dumps(row, sort_keys=True)
-
-
-def read_appended(spark: Any, table: Path) -> list[dict[str, Any]]:
-    return sorted((normalize(r.asDict(recursive=True)) for r in spark.read.format("delta").load(str(table)).collect()), key=canonical)
 
 
 # --- configuration, no Spark ---------------------------------------------------------------------
@@ -310,8 +283,7 @@ def test_several_epochs_in_both_modes_equal_the_oracle(spark: Any, docs: list[di
         events = ListCollector()
         summary = Runtime(config, spark, events).run()
         assert summary.last_epoch == -(-len(docs) // epoch_size)
-        assert read_standard(spark, folder / "std", ["id"]) == standard_oracle(docs, ["id"], REDUCTIONS)
-        assert read_appended(spark, folder / "deltas") == delta_updates_oracle(docs, epoch_size, ["id"], REDUCTIONS)
+        assert_tables_equal_oracle(spark, config)
         assert [e["binding"] for e in events.named("load")] == ["std"] * summary.last_epoch
 
 
@@ -366,28 +338,11 @@ def test_sums_are_exact_after_a_kill_at_every_failure_point(spark: Any, tmp_path
     result = run_cli("run", "--config", str(config))
     assert result.returncode == 0, result.stderr[-3000:]
 
-    assert read_standard(spark, tmp_path / "counters", ["counter"]) == standard_oracle(docs, ["counter"], rules)
-    assert read_appended(spark, tmp_path / "counter_deltas") == delta_updates_oracle(docs, 3, ["counter"], rules)
+    assert_tables_equal_oracle(spark, config)
     for table in ("counters", "counter_deltas"):
         epochs = [h["tag"]["epoch"] for h in history(spark, TableRef(str(tmp_path / table))) if h["tag"]]
         assert epochs == list(range(1, 11)), f"{table}: every epoch applied exactly once"
 
 
-@pytest.mark.crash
-def test_a_kill_inside_the_load_counts_nothing_twice(spark: Any, tmp_path: Path) -> None:
-    """The default run's crash check of loads: killed while loading epoch 2, then run clean."""
-    from materializer.delta import TableRef, history
-
-    docs = counter_documents()[:9]
-    for start in range(0, 9, 3):  # 3 epochs: one file of 3 documents each
-        write_jsonl(tmp_path / "src" / f"counters-{start}.jsonl", docs[start : start + 3])
-    rules = {"n": "sum", "hits": "sum"}
-    config = write_config(
-        tmp_path, [binding("counters", tmp_path / "src", tmp_path / "counters", key=["counter"], reductions=rules, max_files=1)]
-    )
-    killed = run_cli("run", "--config", str(config), env={crash.ENV: "mid-load:2"})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert run_cli("run", "--config", str(config)).returncode == 0
-    assert read_standard(spark, tmp_path / "counters", ["counter"]) == standard_oracle(docs, ["counter"], rules)
-    epochs = [h["tag"]["epoch"] for h in history(spark, TableRef(str(tmp_path / "counters"))) if h["tag"]]
-    assert epochs == [1, 2, 3]
+# A kill inside the load (mid-load) with sums: tests/test_crash_points.py, in process; the drill
+# above and the short drill (tests/test_drill.py) kill the real process there.

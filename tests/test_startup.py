@@ -169,14 +169,14 @@ def _assert_paragraph(result: Any, *needles: str) -> None:
 
 def test_no_java_on_path_names_the_cause_and_the_fix(pipeline: Path, tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path / "empty"), "JAVA_HOME": ""}
-    result = run_cli("run", "--config", str(pipeline), env=env, timeout=120)
+    result = run_cli("run", "--config", str(pipeline), env=env, timeout=120, jvm=False)
     _assert_paragraph(result, "Java was not found", "JAVA_HOME", "Nothing was started")
 
 
 def test_java_home_without_java_names_the_folder(pipeline: Path, tmp_path: Path) -> None:
     fake = tmp_path / "not-a-jdk"
     fake.mkdir()
-    result = run_cli("run", "--config", str(pipeline), env={"JAVA_HOME": str(fake)}, timeout=120)
+    result = run_cli("run", "--config", str(pipeline), env={"JAVA_HOME": str(fake)}, timeout=120, jvm=False)
     _assert_paragraph(result, f"JAVA_HOME is set to {fake}, which has no bin/java")
 
 
@@ -185,10 +185,11 @@ def test_a_java_too_old_names_its_version(pipeline: Path, tmp_path: Path) -> Non
     java.parent.mkdir(parents=True)
     java.write_text('#!/bin/sh\necho \'java version "1.8.0_392"\' >&2\n')
     java.chmod(java.stat().st_mode | stat.S_IXUSR)
-    result = run_cli("run", "--config", str(pipeline), env={"JAVA_HOME": str(java.parent.parent)}, timeout=120)
+    result = run_cli("run", "--config", str(pipeline), env={"JAVA_HOME": str(java.parent.parent)}, timeout=120, jvm=False)
     _assert_paragraph(result, "is Java 8, but Spark 4 needs Java 17 or 21")
 
 
+@pytest.mark.subprocess  # Ivy runs in a JVM
 def test_jars_not_reachable_on_a_first_run(pipeline: Path, tmp_path: Path) -> None:
     # A fresh cache and a mirror nobody listens on: the first run's fetch fails, as with no network.
     env = {"MATERIALIZER_IVY_CACHE": str(tmp_path / "fresh-cache"), "MATERIALIZER_MAVEN_REPO": "http://127.0.0.1:9/maven2"}
@@ -199,6 +200,7 @@ def test_jars_not_reachable_on_a_first_run(pipeline: Path, tmp_path: Path) -> No
     assert not (tmp_path / "log").exists()  # nothing was started: no recovery log
 
 
+@pytest.mark.subprocess
 def test_a_jvm_that_exits_while_starting_is_quoted_not_a_traceback(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1}])
     config = write_config(
@@ -227,7 +229,7 @@ def test_the_jvm_relay_drops_only_its_known_notices(capfd: pytest.CaptureFixture
 # --- a quiet start (a real session in a subprocess) -----------------------------------------------
 
 
-@pytest.mark.spark
+@pytest.mark.subprocess
 def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipeline: Path, tmp_path: Path) -> None:
     prom = tmp_path / "metrics.prom"
     result = run_cli("run", "--config", str(pipeline), "--events", "jsonl", "--metrics-file", str(prom))

@@ -54,7 +54,7 @@ def test_status_of_path_tables_needs_no_spark_and_agrees_with_it(spark: Any, tmp
 
     # The command, in a process of its own: no JVM, so it answers in well under the JVM's start-up.
     started = time.monotonic()
-    result = run_cli("status", "--config", str(tmp_path / "pipeline.yaml"), "--json", timeout=120)
+    result = run_cli("status", "--config", str(tmp_path / "pipeline.yaml"), "--json", timeout=120, jvm=False)
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["tables"][0]["recorded_epoch"] == 3

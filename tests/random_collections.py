@@ -1,4 +1,7 @@
-"""Random document collections for tests and drills, with their plain-Python oracles."""
+"""Random document collections for tests (named so as not to shadow the standard library's ``collections``).
+
+Tables are checked against materializer's own oracle (``tests.helpers.assert_tables_equal_oracle``);
+``standard_state`` only gives the state after a prefix of the documents, for runs stopped half-way."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def generate(folder: Path, *, seed: int, documents: int, keys: int, files: int, 
 
 
 def standard_state(docs: list[dict[str, Any]], key: str = "id") -> dict[tuple[Any, ...], dict[str, Any]]:
-    """lastWriteWins with deletes: the final row per key."""
+    """lastWriteWins with deletes: the row per key after ``docs`` (a prefix of a collection)."""
     state: dict[tuple[Any, ...], dict[str, Any]] = {}
     for doc in docs:
         k = (doc[key],)
@@ -42,16 +45,3 @@ def standard_state(docs: list[dict[str, Any]], key: str = "id") -> dict[tuple[An
         else:
             state[k] = {f: v for f, v in doc.items() if f != "_meta"}
     return state
-
-
-def delta_updates_rows(docs: list[dict[str, Any]], epoch_size: int, key: str = "id") -> list[tuple[Any, ...]]:
-    """delta_updates with lastWriteWins: per epoch, the last document of each key, deletes included."""
-    out = []
-    for start in range(0, len(docs), epoch_size):
-        last: dict[Any, dict[str, Any]] = {}
-        for doc in docs[start : start + epoch_size]:
-            last[doc[key]] = doc
-        for doc in last.values():
-            op = "d" if doc.get("_meta", {}).get("op") == "d" else "u"
-            out.append((doc[key], doc.get("seq"), op))
-    return sorted(out, key=repr)

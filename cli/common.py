@@ -1,0 +1,58 @@
+"""What every command of the ``materializer`` CLI shares: options, the session, errors and output.
+
+One Spark session builder (:func:`session`, over :func:`materializer.spark.config_session`), one way
+to fail (:func:`fail`: the error's message on stderr, its exit code), one JSON printer
+(:func:`echo_json`). Command modules import from here, never from each other or from ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from materializer.errors import MaterializerError
+
+options: dict[str, Any] = {"verbose": False}
+"""The app's global options (``-v``), set by the callback in cli/main.py."""
+
+
+def fail(exc: MaterializerError) -> None:
+    """A user's error: one line on stderr, no traceback, the error's exit code."""
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def echo_json(data: Any, *, indent: int | None = 2) -> None:
+    """A command's ``--json`` output on stdout."""
+    typer.echo(json.dumps(data, indent=indent, default=str))
+
+
+def fetch_report(line: str) -> None:
+    """The first run's jar download: one line on stderr, its progress rewritten in place on a terminal."""
+    if line.startswith("  ") and "downloaded" in line:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line.strip() + " " * 10)
+            sys.stderr.flush()
+        return
+    if line.startswith("  fetched") and sys.stderr.isatty():
+        sys.stderr.write("\r")
+    typer.echo(line.strip() if line.startswith("  ") else line, err=True)
+
+
+def session(config: Any, master: str | None, remote: str | None = None):  # type: ignore[no-untyped-def]
+    """The SparkSession a command runs on (imports Spark only when called)."""
+    from materializer.spark import config_session
+
+    return config_session(config, master=master, remote=remote, verbose=options["verbose"], report=fetch_report)
+
+
+def stop(spark: Any) -> None:
+    """Stop the session we started before exiting: its JVM no longer shares our stderr (see
+    spark.py), so without this the command could end while the JVM is still shutting down (a
+    cluster would list the application as running for a while)."""
+    from materializer.spark import stop_session
+
+    stop_session(spark)
