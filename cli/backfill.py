@@ -26,14 +26,17 @@ def backfill(
 
     Stop the pipeline first. An interrupted backfill is continued by `materializer run`.
     """
-    from cli.main import _fail, _session
+    from .common import fail as _fail, session as _session, stop as _stop
 
     try:
         cfg = load_config(config)
         from materializer.backfill import backfill as do_backfill
 
         spark = _session(cfg, None)
-        summary = do_backfill(cfg, spark, binding, position=position, truncate=truncate, max_epochs=max_epochs)
+        try:
+            summary = do_backfill(cfg, spark, binding, position=position, truncate=truncate, max_epochs=max_epochs)
+        finally:
+            _stop(spark)
     except MaterializerError as exc:
         _fail(exc)
         return

@@ -269,7 +269,7 @@ app.command(name="bench")(_bench)
 from .drill import register as _register_drill  # noqa: E402 - after the app exists
 
 _register_drill(app)  # `materializer drill` and `materializer recover`
-from cli.backfill import register as _register_backfill  # noqa: E402 - after the app exists
+from .backfill import register as _register_backfill  # noqa: E402 - after the app exists
 
 _register_backfill(app)
 
