@@ -218,6 +218,7 @@ class DeltaDriver(Driver):
     def _apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
         table = TableRef(binding.table)
         app_id = self.config.pipeline_id
+        replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
         for _attempt in range(CONCURRENT_RETRIES):
             state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
@@ -231,7 +232,10 @@ class DeltaDriver(Driver):
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
                 ):
-                    metrics = self._commit(binding, table, epoch, source, state.exists, staged.key_bounds if staged else None)
+                    metrics = self._commit(
+                        binding, table, epoch, source, state.exists, staged.key_bounds if staged else None,
+                        replace=replace and not state.exists,
+                    )
             except Exception as exc:  # noqa: BLE001
                 # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
                 # which a zombie's MERGE meets after the new writer evolved the schema or created
@@ -242,7 +246,7 @@ class DeltaDriver(Driver):
                     # The table appeared between our look and our CREATE: fine if it is another
                     # run of this pipeline (the loop finds the epoch applied, or merges into it);
                     # another writer's table is not written blindly (README: 'Table layout').
-                    self._check_created_by_us(binding, table, epoch)
+                    replace = self._check_created_by_us(binding, table, epoch)
                     continue
                 if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
                     raise
@@ -342,13 +346,14 @@ class DeltaDriver(Driver):
         source: "DataFrame | None",
         table_exists: bool,
         key_bounds: "dict[str, list[str]] | None" = None,
+        replace: bool = False,
     ) -> dict[str, int] | None:
         """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
         from pyspark.sql import functions as F
 
         meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
         if source is not None and not table_exists:
-            return self._create(binding, table, source, epoch)
+            return self._create(binding, table, source, epoch, replace=replace)
         if source is None or binding.mode == "delta_updates":
             # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
             # records the epoch on the table (an empty commit carrying the txn id).
@@ -481,13 +486,23 @@ class DeltaDriver(Driver):
         found = detail(self.apply_spark, table)
         return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
 
-    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> None:
+    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> bool:
+        """After a CREATE found the table there: True when the location holds only what a killed
+        CREATE left (files, no commit, none for CREATION_WAIT_SECONDS), which the next CREATE may
+        replace; False when the table is this pipeline's (or adopted) and the caller looks again."""
         # The other CREATE may still be writing its files (Spark calls the table existing once
         # its folder does): wait for its commit before judging whose table it is.
         deadline = time.monotonic() + CREATION_WAIT_SECONDS
         state = table_state(self.apply_spark, table, self.config.pipeline_id)
         while not state.exists:
             if time.monotonic() > deadline:
+                if table.is_path:
+                    # A CREATE killed before its commit (a drill's SIGKILL in the first epoch's
+                    # apply found it) leaves data files and an empty _delta_log that make every
+                    # later CREATE fail as "already exists": without a commit no reader sees them,
+                    # so the retry creates with CREATE OR REPLACE, whose commit 0 is put-if-absent
+                    # (a writer that commits first makes it a conflict, and the loop looks again).
+                    return True
                 raise StagingError(
                     f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
                     f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
@@ -495,7 +510,7 @@ class DeltaDriver(Driver):
             time.sleep(0.5)
             state = table_state(self.apply_spark, table, self.config.pipeline_id)
         if binding.adopt_table or state.txn_version is not None:
-            return
+            return False
         raise TableStateError(
             f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
             f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
@@ -503,7 +518,9 @@ class DeltaDriver(Driver):
             "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
         )
 
-    def _create(self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int) -> dict[str, int]:
+    def _create(
+        self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int, replace: bool = False
+    ) -> dict[str, int]:
         """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
         commit (the txn confs are set around this call). Raises Spark's "already exists" if the
         table is there by now: the caller reads it again and merges (never a blind append)."""
@@ -518,7 +535,7 @@ class DeltaDriver(Driver):
         view = f"materializer_new_{uuid.uuid4().hex}"
         rows.createOrReplaceTempView(view)
         try:
-            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns))
+            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns, replace=replace))
         finally:
             self.apply_spark.catalog.dropTempView(view)
         # The CTAS returns no metrics; its history entry has them (one command, no Spark job).

@@ -51,11 +51,14 @@ def retention_problem(properties: dict[str, Any]) -> str | None:
     return None
 
 
-def create_table_sql(target: str, source_view: str, binding: "BindingConfig", columns: list[str]) -> str:
+def create_table_sql(
+    target: str, source_view: str, binding: "BindingConfig", columns: list[str], replace: bool = False
+) -> str:
     """``CREATE TABLE target USING delta [PARTITIONED BY|CLUSTER BY] TBLPROPERTIES (…) AS SELECT``.
 
     No ``IF NOT EXISTS`` and no ``OR REPLACE``: a table that exists makes it fail, which is the
-    point (the caller reads the table again and merges into it instead)."""
+    point (the caller reads the table again and merges into it instead). ``replace``: only over
+    a location that holds a killed CREATE's files and no commit (``DeltaDriver._check_created_by_us``)."""
     layout = ""
     if binding.partition_by:
         layout = " PARTITIONED BY (" + ", ".join(quote(c) for c in binding.partition_by) + ")"
@@ -63,7 +66,8 @@ def create_table_sql(target: str, source_view: str, binding: "BindingConfig", co
         layout = " CLUSTER BY (" + ", ".join(quote(c) for c in binding.cluster_by) + ")"
     properties = ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in table_properties(binding).items())
     select = ", ".join(quote(c) for c in columns)
-    return f"CREATE TABLE {target} USING delta{layout} TBLPROPERTIES ({properties}) AS SELECT {select} FROM {quote(source_view)}"
+    create = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
+    return f"{create} {target} USING delta{layout} TBLPROPERTIES ({properties}) AS SELECT {select} FROM {quote(source_view)}"
 
 
 def _literal(text: str) -> str:
