@@ -206,3 +206,25 @@ def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_app
     history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
     assert [h["operation"] for h in history] == ["CREATE TABLE AS SELECT"]
     assert summary.last_epoch == 1
+
+
+@pytest.mark.spark
+def test_a_create_killed_before_its_commit_does_not_block_the_first_epoch(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a SIGKILL inside the first epoch's CREATE leaves (a data file, an empty _delta_log):
+    Spark calls the table existing, so every later CREATE failed and the run waited for a commit
+    that never came. After the creation wait the location is created over, in the tagged commit."""
+    import materializer.driver as driver
+
+    monkeypatch.setattr(driver, "CREATION_WAIT_SECONDS", 1)
+    table = tmp_path / "tables" / "t"
+    (table / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (table / "part-00000-killed-c000.snappy.parquet").write_bytes(b"")
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
+    config = config_with(tmp_path / "cfg", [binding("b", tmp_path / "src", table)])
+    Runtime(config, spark).run()
+    assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "v": "a"}, (2,): {"id": 2, "v": "b"}}
+    # Commit 0 is the epoch's, tagged: a replay of epoch 1 is skipped by Delta.
+    assert any(a.get("txn") == {"appId": config.pipeline_id, "version": 1, **{k: v for k, v in a["txn"].items() if k == "lastUpdated"}}
+               for a in _log_actions(table, 0) if "txn" in a)
