@@ -102,9 +102,9 @@ def test_a_failed_cast_in_the_merge_is_not_retried_and_is_reported_as_what_it_is
     commits = []
     commit = runtime.driver._commit
 
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         commits.append(1)
-        return commit(*args)
+        return commit(*args, **kwargs)
 
     runtime.driver._commit = counted  # type: ignore[method-assign]
     with pytest.raises(ApplyError) as info:
