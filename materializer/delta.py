@@ -106,6 +106,13 @@ def is_commit_conflict(exc: BaseException) -> bool:
             return True
     except ImportError:  # pragma: no cover - delta-spark is a dependency
         pass
+    condition = error_condition(exc)
+    return condition is not None and condition.startswith(_CONFLICT_CONDITIONS)
+
+
+def error_condition(exc: BaseException) -> str | None:
+    """Spark's/Delta's error class of ``exc`` (``getCondition``, or ``getErrorClass`` before
+    Spark 4), on classic Spark and Spark Connect alike; None when it has none."""
     for getter in ("getCondition", "getErrorClass"):
         method = getattr(exc, getter, None)
         if method is None:
@@ -115,8 +122,8 @@ def is_commit_conflict(exc: BaseException) -> bool:
         except Exception:  # noqa: BLE001 - an exception without an error class
             condition = None
         if condition:
-            return str(condition).startswith(_CONFLICT_CONDITIONS)
-    return False
+            return str(condition)
+    return None
 
 
 def user_metadata(pipeline_id: str, binding: str, epoch: int) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from materializer.delta import quote
+from materializer.delta import error_condition, quote
 
 if TYPE_CHECKING:
     from materializer.config import BindingConfig
@@ -76,17 +76,7 @@ def _literal(text: str) -> str:
 
 def is_already_exists(exc: BaseException) -> bool:
     """Did a CREATE TABLE find the table there (by Spark's/Delta's error class, not by words)?"""
-    for getter in ("getCondition", "getErrorClass"):
-        method = getattr(exc, getter, None)
-        if method is None:
-            continue
-        try:
-            condition = method()
-        except Exception:  # noqa: BLE001 - an exception without an error class
-            condition = None
-        if condition:
-            return str(condition) in ALREADY_EXISTS
-    return False
+    return error_condition(exc) in ALREADY_EXISTS
 
 
 def layout_problems(binding: "BindingConfig", schema: Any) -> list[str]:
