@@ -1,4 +1,4 @@
-"""``materializer bench``: the benchmark command (issue #7). The work is in :mod:`materializer.bench`."""
+"""``materializer bench``: the benchmark command (issue #7). The work is in :mod:`materializer.tools.bench`."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def bench(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
-    from materializer.bench import BenchOptions, summary_table
+    from materializer.tools.bench import BenchOptions, summary_table
 
     overrides = dict(
         epochs=epochs,
@@ -81,7 +81,7 @@ def bench(
     if table_rows or epoch_rows:
         options.mode += "+custom-sizes"
 
-    from materializer.bench import run_bench
+    from materializer.tools.bench import run_bench
 
     def say(message: str) -> None:
         typer.echo(message, err=True)

@@ -42,7 +42,7 @@ def drill(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from materializer.drill import SCENARIOS, Drill, DrillOptions
+    from materializer.tools.drill import SCENARIOS, Drill, DrillOptions
     from materializer.progress import Collector
 
     if reader not in ("spark", "deltalake"):
@@ -154,8 +154,8 @@ def recover(
         cfg = load_config(config)
         if (skip_epoch is None) != (binding is None):
             raise ConfigError("--skip-epoch and --binding go together: the stuck epoch and the binding whose table refuses it")
-        from materializer.recover import recover as do_recover
-        from materializer.recover import skip_epoch as do_skip
+        from materializer.tools.recover import recover as do_recover
+        from materializer.tools.recover import skip_epoch as do_skip
 
         spark = session(cfg, None)
         if skip_epoch is not None and binding is not None:

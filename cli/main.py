@@ -214,7 +214,7 @@ def status(
     """Show the last committed epoch, what each table records, and staged files pending."""
     try:
         cfg = load_config(config)
-        from materializer.status import pipeline_status
+        from materializer.tools.status import pipeline_status
 
         # Path tables are read by delta-rs; Spark starts only for a table that needs it (a catalog name).
         started: list[Any] = []

@@ -104,14 +104,14 @@ def table_rows(spark: Any, table: Path | str, key: list[str]) -> dict[tuple[Any,
 def assert_tables_equal_oracle(
     spark: Any, config: Any, *, bindings: list[str] | None = None, tables: dict[str, Path] | None = None
 ) -> None:
-    """Every binding's table equals what ``materializer.oracle`` computes from the sources alone.
+    """Every binding's table equals what ``materializer.tools.oracle`` computes from the sources alone.
 
     ``config``: a PipelineConfig or the path of its YAML; ``bindings``: only these; ``tables``: read
     these bindings' tables from another place (a local copy of an S3 table). The drill's
     oracle, unit-tested in tests/test_oracle.py: one definition of the documented semantics
     (reductions, deletes, epochs of whole files) for every test.
     """
-    from materializer import oracle
+    from materializer.tools import oracle
     from materializer.config import load_config
 
     if isinstance(config, (str, Path)):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from materializer.bench import BenchOptions, epoch_phases, generate_collection, summary_table
+from materializer.tools.bench import BenchOptions, epoch_phases, generate_collection, summary_table
 
 
 def test_generator_writes_distinct_keys_per_epoch_and_predicts_the_table(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_epoch_phases_split_each_epoch_at_the_runtime_events() -> None:
 
 
 def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> None:
-    from materializer.bench import TimingCollector
+    from materializer.tools.bench import TimingCollector
 
     events = [
         (0.0, "opened", {}),
@@ -100,7 +100,7 @@ def test_ratios_must_add_to_one() -> None:
 
 @pytest.mark.spark
 def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path) -> None:
-    from materializer.bench import run_bench
+    from materializer.tools.bench import run_bench
 
     options = BenchOptions(
         table_rows=[500],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from materializer.bench import FIXED_COSTS, chart, chart_figure, fixed_costs
+from materializer.tools.bench import FIXED_COSTS, chart, chart_figure, fixed_costs
 
 
 def _config(name: str, *, recovery: bool) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from materializer.config import load_config
 from materializer.delta import TableRef, history, table_state
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
-from materializer.status import pipeline_status
+from materializer.tools.status import pipeline_status
 from materializer.storage import open_store
 from tests.helpers import InProcessCrash, assert_tables_equal_oracle, binding, write_config, write_jsonl
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from materializer import crash, oracle
+from materializer import crash
+from materializer.tools import oracle
 from materializer.config import parse_config
-from materializer.drill import Drill, DrillOptions, scratch_config, unreachable_points
+from materializer.tools.drill import Drill, DrillOptions, scratch_config, unreachable_points
 from tests.helpers import REPO, binding, require_subprocess_tier, run_cli, write_config, write_jsonl
 
 
@@ -151,7 +152,7 @@ def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None
 def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
     """Issue #11 item 12: a kill planned after the second commit of a pipeline that only ever
     commits one epoch is re-aimed at the first, with a delay inside the time the run lasted."""
-    from materializer.drill import Plan, _Phase
+    from materializer.tools.drill import Plan, _Phase
 
     drill = Drill(DrillOptions(config=pipeline(tmp_path), workdir=tmp_path / "w", seed=5))
     phase = _Phase(bindings=2)

@@ -295,8 +295,8 @@ def test_a_value_too_big_for_a_narrower_column_is_refused_before_commit(spark: A
 
 
 def test_a_constraint_added_after_commit_is_stuck_status_says_so_and_recover_skips_keeping_the_rows(spark: Any, tmp_path: Path) -> None:
-    from materializer.recover import skip_epoch
-    from materializer.status import pipeline_status
+    from materializer.tools.recover import skip_epoch
+    from materializer.tools.status import pipeline_status
 
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "qty": 5}])
@@ -331,7 +331,7 @@ def test_a_constraint_added_after_commit_is_stuck_status_says_so_and_recover_ski
 
 
 def test_a_deleted_table_is_named_by_status_and_stops_the_run_clearly(spark: Any, tmp_path: Path) -> None:
-    from materializer.status import pipeline_status
+    from materializer.tools.status import pipeline_status
 
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])

@@ -16,7 +16,7 @@ from materializer.config import load_config, parse_config
 from materializer.delta import TableRef, history
 from materializer.errors import ConfigError, SourceError
 from materializer.progress import ListCollector
-from materializer.recover import recover
+from materializer.tools.recover import recover
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
 from materializer.sources.kafka import plan_epoch, share
@@ -350,7 +350,7 @@ def test_keys_from_the_message_key_and_tombstones_that_delete_them(spark: Any, b
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: Broker, tmp_path: Path) -> None:
-    from materializer.bench import BenchOptions, run_bench, summary_table
+    from materializer.tools.bench import BenchOptions, run_bench, summary_table
 
     options = BenchOptions(
         table_rows=[500], epoch_rows=[100], epochs=2, out=tmp_path, recovery=False, replay=False, peer=False,

@@ -17,7 +17,7 @@ from materializer import crash
 from materializer.config import load_config, parse_config
 from materializer.delta import TableRef, history
 from materializer.errors import ConfigError, SourceError
-from materializer.recover import recover
+from materializer.tools.recover import recover
 from materializer.runtime import Runtime
 from materializer.sources.kafka import Offsets
 from materializer.storage import open_store

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from materializer.config import parse_config
-from materializer.oracle_kafka import documents_of
+from materializer.tools.oracle_kafka import documents_of
 from tests.helpers import write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
 from tests.test_drill import _drill

@@ -1,4 +1,4 @@
-"""materializer.oracle, the one oracle every test and the drill compare tables with: unit tests, no JVM.
+"""materializer.tools.oracle, the one oracle every test and the drill compare tables with: unit tests, no JVM.
 
 Each expectation here is worked out by hand from DESIGN.md's semantics (lastWriteWins by file and
 position, deletes, per-field reductions, whole-file epochs, seed 000's delta-updates example), so a
@@ -13,7 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from materializer import oracle
+from materializer.tools import oracle
 from materializer.config import parse_config
 
 

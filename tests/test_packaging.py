@@ -144,7 +144,7 @@ def test_a_run_imports_without_pyspark_or_the_tools_until_spark_is_needed() -> N
         "        if name.split('.')[0].replace('_', '-') in BLOCK:\n"
         "            raise ImportError(f'blocked: {name}')\n"
         "sys.meta_path.insert(0, Blocker())\n"
-        "import materializer.databricks, materializer.runtime, materializer.driver, materializer.status, materializer_cli.main\n"
+        "import materializer.databricks, materializer.runtime, materializer.driver, materializer.tools.status, materializer_cli.main\n"
         "from materializer.extras import require\n"
         "from materializer.errors import ConfigError\n"
         "try:\n"

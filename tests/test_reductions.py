@@ -1,6 +1,6 @@
 """Reductions (issue #5): per-field strategies, loads in standard mode, exactly-once sums.
 
-Pipelines are checked against materializer's own oracle (:mod:`materializer.oracle`, the drill's);
+Pipelines are checked against materializer's own oracle (:mod:`materializer.tools.oracle`, the drill's);
 one reduce step against a plain-Python fold (below); see the semantics in :mod:`materializer.reductions`.
 """
 

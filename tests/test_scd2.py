@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from materializer import oracle
+from materializer.tools import oracle
 from tests.helpers import write_jsonl
 from tests.test_sequence import _config, _run
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from materializer import oracle
+from materializer.tools import oracle
 from materializer.config import parse_config
 from materializer.errors import ConfigError
 from tests.helpers import binding, write_config, write_jsonl

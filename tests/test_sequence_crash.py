@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from materializer import crash, oracle
+from materializer import crash
+from materializer.tools import oracle
 from materializer.config import load_config
 from materializer.delta import TableRef, history
 from tests.helpers import binding, write_config, write_jsonl

@@ -15,7 +15,7 @@ the source files itself and applies the documented semantics directly:
 
 * ``cdcv2`` source, ``standard`` mode: the history's state at the final frontier (seed 002).
 * ``kafka`` source, ``standard`` mode: the topic's records read with confluent-kafka's consumer
-  (materializer/oracle_kafka.py), then as above per payload.
+  (materializer/tools/oracle_kafka.py), then as above per payload.
 
 Oracles are registered per (source format, mode) with :func:`register`. A binding with no
 registered oracle (``cdcv2`` in delta-updates mode, so far) gets an :class:`Expected` with ``verified=False`` and
@@ -534,7 +534,7 @@ def expected(binding: BindingConfig, max_documents: int) -> Expected:
     if binding.source.format == "kafka" and binding.change_controlled:
         return Expected(binding=binding.name, verified=False, reason="the kafka oracle does not model sequence_by or column control")
     if binding.source.format == "kafka":
-        import materializer.oracle_kafka  # noqa: F401 - registers the kafka oracle (confluent-kafka)
+        import materializer.tools.oracle_kafka  # noqa: F401 - registers the kafka oracle (confluent-kafka)
     if binding.source.format == "documents" and binding.mode == "standard" and binding.change_controlled:
         return documents_changes(binding, max_documents)
     fn = _ORACLES.get((binding.source.format, binding.mode))

@@ -23,7 +23,7 @@ from typing import Any
 
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
-from materializer.oracle import Expected, Key, Row, _fold, _is_delete, canonical, cdcv2_state, key_of, register
+from materializer.tools.oracle import Expected, Key, Row, _fold, _is_delete, canonical, cdcv2_state, key_of, register
 
 Record = tuple[str, int, int, "bytes | None", "bytes | None"]
 """(topic, partition, offset, key, value)."""

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from materializer import crash, oracle
+from materializer import crash
+from materializer.tools import oracle
 from materializer.config import PipelineConfig, load_config, parse_config
 from materializer.errors import FencedError, MaterializerError, RecoveryLogError, StagingError
 from materializer.progress import Collector
