@@ -51,7 +51,3 @@ def backfill(
         + (" (table truncated)" if summary.truncated else "")
         + f"; read again in epochs {summary.epochs or 'none yet'}; the log is at epoch {summary.last_epoch}"
     )
-
-
-def register(app: typer.Typer) -> None:
-    app.command(name="backfill")(backfill)

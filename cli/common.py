@@ -13,10 +13,17 @@ from typing import Any
 
 import typer
 
+from materializer.config import DEFAULT_CONFIG
 from materializer.errors import MaterializerError
 
 options: dict[str, Any] = {"verbose": False}
 """The app's global options (``-v``), set by the callback in cli/main.py."""
+
+ConfigOption = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML).")
+MasterOption = typer.Option(None, "--master", help="Spark master, e.g. spark://host:7077 (default: the config's, local[*]).")
+RemoteOption = typer.Option(
+    None, "--remote", help="Spark Connect server, e.g. sc://host:15002 (default: the config's spark.remote, if any)."
+)
 
 
 def fail(exc: MaterializerError) -> None:
