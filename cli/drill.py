@@ -9,7 +9,7 @@ import typer
 
 from .common import fail as _fail
 from materializer.config import DEFAULT_CONFIG
-from materializer.errors import MaterializerError
+from materializer.errors import ConfigError, MaterializerError
 
 
 def drill(
@@ -45,11 +45,9 @@ def drill(
     from materializer.progress import Collector
 
     if reader not in ("spark", "deltalake"):
-        typer.secho("error: --reader must be spark or deltalake", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        _fail(ConfigError("--reader must be spark or deltalake"))
     if scenario not in SCENARIOS:
-        typer.secho(f"error: --scenario must be one of {', '.join(SCENARIOS)}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        _fail(ConfigError(f"--scenario must be one of {', '.join(SCENARIOS)}"))
     console = Console(stderr=True)
     options = DrillOptions(
         config=config,

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
-from .common import echo_json, session
+from .common import output, session, stop
 from .common import fail as _fail
 from materializer.config import DEFAULT_CONFIG, load_config
 from materializer.errors import ConfigError, MaterializerError
+
+if TYPE_CHECKING:
+    from materializer.tools.recover import RecoverySummary
 
 
 def recover(
@@ -36,21 +40,24 @@ def recover(
         from materializer.tools.recover import skip_epoch as do_skip
 
         spark = session(cfg, None)
-        if skip_epoch is not None and binding is not None:
-            summary = do_skip(cfg, spark, skip_epoch, binding, keep_to)
-        else:
-            summary = do_recover(cfg, spark)
+        try:
+            if skip_epoch is not None and binding is not None:
+                summary = do_skip(cfg, spark, skip_epoch, binding, keep_to)
+            else:
+                summary = do_recover(cfg, spark)
+        finally:
+            stop(spark)  # as every command that starts Spark (see common.stop)
     except MaterializerError as exc:
         _fail(exc)
         return
-    if json_out:
-        from dataclasses import asdict
+    output(json_out, asdict(summary), lambda: _text(summary, config))
 
-        echo_json(asdict(summary))
-        return
+
+def _text(summary: RecoverySummary, config: Path) -> Iterator[str]:
+    """What recover did, as text (without --json)."""
     for action in summary.actions:
-        typer.echo(f"- {action}")
+        yield f"- {action}"
     if summary.recommitted_epoch is not None:
-        typer.echo(f"pipeline {summary.pipeline_id}: epoch {summary.recommitted_epoch} re-committed; now run `materializer run --config {config}`")
+        yield f"pipeline {summary.pipeline_id}: epoch {summary.recommitted_epoch} re-committed; now run `materializer run --config {config}`"
     else:
-        typer.echo(f"pipeline {summary.pipeline_id}: nothing had to be re-staged")
+        yield f"pipeline {summary.pipeline_id}: nothing had to be re-staged"

@@ -7,16 +7,20 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
 
-from .common import ConfigOption, MasterOption, RemoteOption, echo_json, options
+from .common import ConfigOption, MasterOption, RemoteOption, options, output
 from .common import fail as _fail
 from .common import session as _session
 from .common import stop as _stop
 from materializer.config import load_config
 from materializer.errors import ConfigError, MaterializerError
+
+if TYPE_CHECKING:
+    from materializer.config import PipelineConfig
+    from materializer.runtime import RunSummary
 
 log = logging.getLogger("materializer")
 
@@ -141,34 +145,27 @@ def run(
     except MaterializerError as exc:
         _fail(exc)
         return
-    docs = sum(sum(e.documents.values()) for e in summary.epochs)
-    result = {
-        "pipeline_id": summary.pipeline_id,
-        "opened_at_epoch": summary.opened_at_epoch,
-        "last_epoch": summary.last_epoch,
-        "epochs": len(summary.epochs),
-        "documents": docs,
-        "reapplied": summary.reapplied.model_dump() if summary.reapplied else None,
-        "seconds": round(summary.seconds, 3),
-    }
+    result = summary.to_dict()
     if stream is not None:
         collector.event("finished", **result)
         if stream is not sys.stdout:
             stream.close()
         else:
             return  # stdout carries the JSON lines only
-    if json_out:
-        echo_json(result, indent=None)
-        return
+    output(json_out, result, lambda: _text(summary, cfg), indent=None)
+
+
+def _text(summary: RunSummary, cfg: PipelineConfig) -> Iterator[str]:
+    """The run's summary as text (without --json)."""
     if summary.reapplied:
         statuses = ", ".join(f"{r.binding} {r.status}" for r in summary.reapplied.results) or "nothing to apply"
-        typer.echo(f"re-applied epoch {summary.opened_at_epoch} after open: {statuses}")
+        yield f"re-applied epoch {summary.opened_at_epoch} after open: {statuses}"
     if summary.epochs:
-        typer.echo(
+        yield (
             f"pipeline {summary.pipeline_id}: committed and applied epochs {summary.epochs[0].epoch}-"
-            f"{summary.last_epoch} ({docs} documents) in {summary.seconds:.1f}s"
+            f"{summary.last_epoch} ({summary.documents} documents) in {summary.seconds:.1f}s"
         )
     else:
-        typer.echo(f"pipeline {summary.pipeline_id}: nothing new; last epoch {summary.last_epoch}")
+        yield f"pipeline {summary.pipeline_id}: nothing new; last epoch {summary.last_epoch}"
     for binding in cfg.bindings:
-        typer.echo(f"  {binding.name}: {binding.table}")
+        yield f"  {binding.name}: {binding.table}"

@@ -107,20 +107,8 @@ def main() -> None:
         # A non-zero exit fails the task; the job's retry policy reruns it, and the rerun resumes
         # from the recovery log (terminal errors, e.g. a bad config, fail again the same way).
         raise SystemExit(exc.exit_code) from None
-    print(
-        json.dumps(
-            {
-                "event": "finished",
-                "at": utc_now(),
-                "pipeline_id": summary.pipeline_id,
-                "opened_at_epoch": summary.opened_at_epoch,
-                "last_epoch": summary.last_epoch,
-                "epochs": len(summary.epochs),
-                "seconds": round(summary.seconds, 3),
-            }
-        ),
-        flush=True,
-    )
+    # The same fields as `materializer run --json` and its `finished` event (RunSummary.to_dict).
+    print(json.dumps({"event": "finished", "at": utc_now(), **summary.to_dict()}, default=str), flush=True)
 
 
 if __name__ == "__main__":
