@@ -250,3 +250,39 @@ def test_the_job_takes_the_hosts_session_before_the_configs(monkeypatch: pytest.
     monkeypatch.setattr(spark_module, "active_session", lambda: None)
     monkeypatch.setattr(spark_module, "session_for", lambda *_a, **_k: "built from the config")
     assert cluster_session(config) == "built from the config"
+
+
+# --- the other commands' text, as it was before the split ------------------------------------------
+
+
+def test_status_recover_and_backfill_text_is_unchanged() -> None:
+    from materializer.backfill import BackfillSummary
+    from materializer.tools.recover import RecoverySummary
+    from materializer.tools.status import PipelineStatus, TableStatus
+    from materializer_cli import backfill, recover, status
+
+    st = PipelineStatus(
+        pipeline_id="p", last_epoch=7, last_seq=9, log_entries=3, orphaned=["a", "b"],
+        tables=[
+            TableStatus("orders", "/t/o", True, 4, 7, [], True, "in step"),
+            TableStatus("items", "/t/i", False, None, None, ["epoch-8/items"], False, "gone"),
+        ],
+    )
+    assert list(status._text(st)) == [
+        "pipeline p: last committed epoch 7 (log sequence 9, 3 entries kept)",
+        "  [ok ] orders -> /t/o: records epoch 7 (Delta version 4); in step",
+        "  [MISMATCH] items -> /t/i: no table; gone; staged pending: epoch-8/items",
+        "  orphaned staged files (deleted at the next run): a, b",
+    ]
+    assert list(recover._text(RecoverySummary("p", ["re-staged epoch 3"], 3), Path("c.yaml"))) == [
+        "- re-staged epoch 3",
+        "pipeline p: epoch 3 re-committed; now run `materializer run --config c.yaml`",
+    ]
+    assert list(recover._text(RecoverySummary("p"), Path("c.yaml"))) == ["pipeline p: nothing had to be re-staged"]
+    assert list(backfill._text(BackfillSummary("orders", 5, {"file": "b.jsonl"}, True, 7, [6, 7]))) == [
+        'binding orders: source set back from {"file": "b.jsonl"} in epoch 5 (table truncated); '
+        "read again in epochs [6, 7]; the log is at epoch 7"
+    ]
+    assert list(backfill._text(BackfillSummary("orders", 5, None, False, 5))) == [
+        "binding orders: source set back from the start in epoch 5; read again in epochs none yet; the log is at epoch 5"
+    ]
