@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
+from .common import fail as _fail
+from .common import output
+from .common import session as _session
+from .common import stop as _stop
 from materializer.config import DEFAULT_CONFIG, load_config
 from materializer.errors import MaterializerError
+
+if TYPE_CHECKING:
+    from materializer.backfill import BackfillSummary
 
 
 def backfill(
@@ -26,8 +34,6 @@ def backfill(
 
     Stop the pipeline first. An interrupted backfill is continued by `materializer run`.
     """
-    from .common import fail as _fail, session as _session, stop as _stop
-
     try:
         cfg = load_config(config)
         from materializer.backfill import backfill as do_backfill
@@ -40,18 +46,14 @@ def backfill(
     except MaterializerError as exc:
         _fail(exc)
         return
-    if json_out:
-        from dataclasses import asdict
+    output(json_out, asdict(summary), lambda: _text(summary))
 
-        typer.echo(json.dumps(asdict(summary), indent=2))
-        return
+
+def _text(summary: BackfillSummary) -> Iterator[str]:
+    """What the backfill did, as text (without --json)."""
     where = f"from {json.dumps(summary.position)}" if summary.position else "from the start"
-    typer.echo(
+    yield (
         f"binding {summary.binding}: source set back {where} in epoch {summary.reset_epoch}"
         + (" (table truncated)" if summary.truncated else "")
         + f"; read again in epochs {summary.epochs or 'none yet'}; the log is at epoch {summary.last_epoch}"
     )
-
-
-def register(app: typer.Typer) -> None:
-    app.command(name="backfill")(backfill)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from .common import output
 
 
 def bench(
@@ -91,10 +92,7 @@ def bench(
         f"{options.epochs} epochs each, output under {options.out}/"
     )
     report = run_bench(options, say=say)
-    if json_out:
-        typer.echo(json.dumps(report, indent=1, default=str))
-        return
-    _print(report, summary_table)
+    output(json_out, report, lambda: _print(report, summary_table), indent=1)
 
 
 def _print(report: dict, summary_table) -> None:  # type: ignore[no-untyped-def,type-arg]

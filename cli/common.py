@@ -1,25 +1,33 @@
 """What every command of the ``materializer`` CLI shares: options, the session, errors and output.
 
 One Spark session builder (:func:`session`, over :func:`materializer.spark.config_session`), one way
-to fail (:func:`fail`: the error's message on stderr, its exit code), one JSON printer
-(:func:`echo_json`). Command modules import from here, never from each other or from ``main``.
+to fail (:func:`fail`: the error's message on stderr, its exit code), one way to print a command's
+result (:func:`output`: text, or JSON with ``--json``). Command modules import from here, never from
+each other or from ``main`` (tests/test_cli_modules.py holds them to it).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Callable, Iterable, NoReturn
 
 import typer
 
+from materializer.config import DEFAULT_CONFIG
 from materializer.errors import MaterializerError
 
 options: dict[str, Any] = {"verbose": False}
 """The app's global options (``-v``), set by the callback in cli/main.py."""
 
+ConfigOption = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML).")
+MasterOption = typer.Option(None, "--master", help="Spark master, e.g. spark://host:7077 (default: the config's, local[*]).")
+RemoteOption = typer.Option(
+    None, "--remote", help="Spark Connect server, e.g. sc://host:15002 (default: the config's spark.remote, if any)."
+)
 
-def fail(exc: MaterializerError) -> None:
+
+def fail(exc: MaterializerError) -> NoReturn:
     """A user's error: one line on stderr, no traceback, the error's exit code."""
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(exc.exit_code)
@@ -28,6 +36,16 @@ def fail(exc: MaterializerError) -> None:
 def echo_json(data: Any, *, indent: int | None = 2) -> None:
     """A command's ``--json`` output on stdout."""
     typer.echo(json.dumps(data, indent=indent, default=str))
+
+
+def output(json_out: bool, data: Any, text: Callable[[], Iterable[str] | None], *, indent: int | None = 2) -> None:
+    """A command's result on stdout: ``data`` as JSON with ``--json``, else the lines ``text()`` gives
+    (built only then; ``None`` when it printed itself, e.g. a rich table)."""
+    if json_out:
+        echo_json(data, indent=indent)
+        return
+    for line in text() or ():
+        typer.echo(line)
 
 
 def fetch_report(line: str) -> None:

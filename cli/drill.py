@@ -1,4 +1,4 @@
-"""``materializer drill`` and ``materializer recover``: registered on the app by cli/main.py."""
+"""``materializer drill``: kill, restart and verify on a scratch copy (materializer.tools.drill)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import Any, List, Optional
 
 import typer
 
-from .common import echo_json, session
 from .common import fail as _fail
-from materializer.config import DEFAULT_CONFIG, load_config
+from materializer.config import DEFAULT_CONFIG
 from materializer.errors import ConfigError, MaterializerError
 
 
@@ -46,11 +45,9 @@ def drill(
     from materializer.progress import Collector
 
     if reader not in ("spark", "deltalake"):
-        typer.secho("error: --reader must be spark or deltalake", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        _fail(ConfigError("--reader must be spark or deltalake"))
     if scenario not in SCENARIOS:
-        typer.secho(f"error: --scenario must be one of {', '.join(SCENARIOS)}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        _fail(ConfigError(f"--scenario must be one of {', '.join(SCENARIOS)}"))
     console = Console(stderr=True)
     options = DrillOptions(
         config=config,
@@ -134,50 +131,3 @@ def _print_report(result: Any, console: Any) -> None:
     for missed in result.missed:
         console.print(f"[yellow]kill not landed:[/] {missed}")
     console.print(f"report: {result.report_path}")
-
-
-def recover(
-    config: Path = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    skip_epoch: Optional[int] = typer.Option(
-        None, "--skip-epoch", help="A stuck epoch (see `status`): set its rows for --binding aside, kept as Parquet."
-    ),
-    binding: Optional[str] = typer.Option(None, "--binding", help="With --skip-epoch: the binding whose table refuses the epoch."),
-    keep_to: Optional[str] = typer.Option(None, "--keep-to", help="With --skip-epoch: where to keep the rows (default: in the staging area)."),
-) -> None:
-    """Repair a damaged recovery-log entry or staged file: re-stage the epoch from the source, same epoch number.
-
-    With --skip-epoch N --binding B: set a stuck epoch's rows for B aside (kept whole) and commit N without them.
-    Stop the pipeline first. Then run `materializer run` to apply what was re-staged.
-    """
-    try:
-        cfg = load_config(config)
-        if (skip_epoch is None) != (binding is None):
-            raise ConfigError("--skip-epoch and --binding go together: the stuck epoch and the binding whose table refuses it")
-        from materializer.tools.recover import recover as do_recover
-        from materializer.tools.recover import skip_epoch as do_skip
-
-        spark = session(cfg, None)
-        if skip_epoch is not None and binding is not None:
-            summary = do_skip(cfg, spark, skip_epoch, binding, keep_to)
-        else:
-            summary = do_recover(cfg, spark)
-    except MaterializerError as exc:
-        _fail(exc)
-        return
-    if json_out:
-        from dataclasses import asdict
-
-        echo_json(asdict(summary))
-        return
-    for action in summary.actions:
-        typer.echo(f"- {action}")
-    if summary.recommitted_epoch is not None:
-        typer.echo(f"pipeline {summary.pipeline_id}: epoch {summary.recommitted_epoch} re-committed; now run `materializer run --config {config}`")
-    else:
-        typer.echo(f"pipeline {summary.pipeline_id}: nothing had to be re-staged")
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(drill)
-    app.command()(recover)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import TYPE_CHECKING, Sequence
 
@@ -74,18 +73,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def cluster_session(config: "PipelineConfig") -> "SparkSession":
     """The job cluster's session; locally, the active session or one built from the config."""
-    from pyspark.sql import SparkSession
+    from materializer.spark import active_session, config_session
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
-        # On Databricks the session exists but may not be "active" in this thread: take it as
-        # it is, with the cluster's own Delta and storage settings, never our jars.
-        return SparkSession.builder.getOrCreate()
-    from materializer.spark import config_session
-
-    return config_session(config)
+    # The host's session first, even when the config names a Connect server (spark.remote, for
+    # `materializer run` from a laptop): the job runs on the cluster, whose session has its Delta
+    # and storage settings already. config_session alone would open a Connect session instead.
+    return active_session() or config_session(config)
 
 
 def run(argv: Sequence[str]) -> "RunSummary":
@@ -107,20 +100,8 @@ def main() -> None:
         # A non-zero exit fails the task; the job's retry policy reruns it, and the rerun resumes
         # from the recovery log (terminal errors, e.g. a bad config, fail again the same way).
         raise SystemExit(exc.exit_code) from None
-    print(
-        json.dumps(
-            {
-                "event": "finished",
-                "at": utc_now(),
-                "pipeline_id": summary.pipeline_id,
-                "opened_at_epoch": summary.opened_at_epoch,
-                "last_epoch": summary.last_epoch,
-                "epochs": len(summary.epochs),
-                "seconds": round(summary.seconds, 3),
-            }
-        ),
-        flush=True,
-    )
+    # The same fields as `materializer run --json` and its `finished` event (RunSummary.to_dict).
+    print(json.dumps({"event": "finished", "at": utc_now(), **summary.to_dict()}, default=str), flush=True)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,24 @@ class RunSummary:
     epochs: list[EpochSummary] = field(default_factory=list)
     seconds: float = 0.0
 
+    @property
+    def documents(self) -> int:
+        """Documents read by the run, all bindings."""
+        return sum(sum(e.documents.values()) for e in self.epochs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's summary as JSON fields, built here once: ``materializer run --json`` prints it,
+        and it is the ``finished`` line of ``--events jsonl`` and of the Databricks job."""
+        return {
+            "pipeline_id": self.pipeline_id,
+            "opened_at_epoch": self.opened_at_epoch,
+            "last_epoch": self.last_epoch,
+            "epochs": len(self.epochs),
+            "documents": self.documents,
+            "reapplied": self.reapplied.model_dump() if self.reapplied else None,
+            "seconds": round(self.seconds, 3),
+        }
+
 
 @contextmanager
 def _explained(batches: dict[str, SourceBatch]) -> Iterator[None]:

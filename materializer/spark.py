@@ -158,7 +158,12 @@ def active_session() -> "SparkSession | None":
     """The session a host (Databricks, a notebook, a test) already runs, if any."""
     from pyspark.sql import SparkSession
 
-    return SparkSession.getActiveSession()
+    active = SparkSession.getActiveSession()
+    if active is None and os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        # On Databricks the session exists but may not be "active" in this thread: take it as
+        # it is, with the cluster's own Delta and storage settings, never our jars.
+        return SparkSession.builder.getOrCreate()
+    return active
 
 
 def java_command() -> str:
@@ -458,19 +463,21 @@ def session_for(
     conf: dict[str, str] | None = None,
     *,
     remote: str | None = None,
+    app_name: str = "materializer",
     s3: bool = False,
     kafka: bool = False,
     verbose: bool = False,
     report: "Callable[[str], None] | None" = None,
 ) -> "SparkSession":
-    """The run's session: a Spark Connect one when ``remote`` is given, else :func:`build_session`.
+    """The one session builder (the CLI, the Databricks job, the drill and bench come through here):
+    a Spark Connect one when ``remote`` is given, else :func:`build_session`.
 
     On Spark Connect the server brings its jars (Delta, hadoop-aws, the Kafka connector): none are
-    resolved here, and ``s3``/``kafka``/``report`` only matter for a local JVM.
+    resolved here, and ``app_name``/``s3``/``kafka``/``report`` only matter for a local JVM.
     """
     if remote:
         return remote_session(remote, conf)
-    return build_session(master, conf, s3=s3, kafka=kafka, verbose=verbose, report=report)
+    return build_session(master, conf, app_name=app_name, s3=s3, kafka=kafka, verbose=verbose, report=report)
 
 
 def is_connect(spark: "SparkSession") -> bool:
@@ -551,7 +558,8 @@ def config_session(
     verbose: bool = False,
     report: "Callable[[str], None] | None" = None,
 ) -> "SparkSession":
-    """The session a pipeline's config asks for: the one builder of the CLI, the Databricks job and the drill.
+    """The session a pipeline's config asks for (:func:`session_for` with the config's settings): the
+    CLI's, the Databricks job's outside Databricks, and the drill's.
 
     ``--master`` picks a classic master over the config's remote; ``--remote`` a server over both.
     hadoop-aws when a table, the staging area or a source is on S3; Spark's Kafka connector when a
@@ -563,10 +571,14 @@ def config_session(
     uris = [config.staging] + [b.table for b in config.bindings]
     uris += [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
     kafka = any(b.source.format == "kafka" for b in config.bindings)
-    conf = dict(config.spark.conf)
-    if remote:
-        return remote_session(remote, conf)
     extra = {"app_name": app_name} if app_name else {}
-    return build_session(
-        master or config.spark.master, conf, s3=any(is_s3(u) for u in uris), kafka=kafka, verbose=verbose, report=report, **extra
+    return session_for(
+        master or config.spark.master,
+        dict(config.spark.conf),
+        remote=remote,
+        s3=any(is_s3(u) for u in uris),
+        kafka=kafka,
+        verbose=verbose,
+        report=report,
+        **extra,
     )

@@ -114,7 +114,7 @@ def test_drill_kills_sequenced_and_scd2_bindings_at_every_point(tmp_path: Path) 
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != crash.ENV}
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "drill", "--config", str(cfg), "--workdir", str(tmp_path / "work"),
+        [sys.executable, "-m", "materializer_cli", "drill", "--config", str(cfg), "--workdir", str(tmp_path / "work"),
          "--report", str(report), "--kills", "1", "--seed", "16"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=3600,
     )

@@ -883,9 +883,12 @@ def _session_conf(options: BenchOptions) -> dict[str, str]:
 
 
 def session(options: BenchOptions) -> "SparkSession":
-    from materializer.spark import build_session
+    """The one builder (materializer.spark.session_for) with the bench's own master and settings:
+    there is no pipeline config to take them from (config_session), and never a Connect server (the
+    bench samples the memory and CPU of its own JVM, a child of this process)."""
+    from materializer.spark import session_for
 
-    return build_session(options.master, _session_conf(options), app_name="materializer-bench", kafka=bool(options.kafka))
+    return session_for(options.master, _session_conf(options), app_name="materializer-bench", kafka=bool(options.kafka))
 
 
 def _summary(epochs: list[dict[str, Any]], big: int, keys: tuple[str, ...]) -> dict[str, Any]:
