@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, TypeVar
@@ -185,9 +184,6 @@ class EpochProgress:
         data["phase_seconds"] = dict(self.phase_seconds)
         return data
 
-    def to_json(self) -> str:
-        return json.dumps({"event": "progress", **self.to_dict()}, sort_keys=False)
-
     def summary(self) -> str:
         """One line for humans and logs."""
         phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
@@ -334,7 +330,3 @@ class JsonLinesCollector(Collector):
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()
-
-
-def monotonic() -> float:
-    return time.monotonic()

@@ -63,7 +63,7 @@ from materializer.events import Collector, Event
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: materializer/tools/<this file>
 KEY = "id"
 # The userMetadata of the seed commit: deliberately not the materializer's {"materializer": …} tag,
 # so status/history never mistake the seed for a pipeline epoch.

@@ -57,7 +57,7 @@ from materializer.events import Collector, Event
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: materializer/tools/<this file>
 SCENARIOS = ("kills", "zombie", "damage")
 DAMAGES = ("torn-log", "corrupt-log", "missing-staged", "truncated-staged")
 KILLED = -signal.SIGKILL
