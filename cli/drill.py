@@ -41,8 +41,8 @@ def drill(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from materializer.tools.drill import SCENARIOS, Drill, DrillOptions
-    from materializer.progress import Collector
+    from materializer.events import Collector, Event
+    from materializer.tools.drill import SCENARIOS, Damaged, Drill, DrillOptions, RunEnded, RunStarted, Verifying
 
     if reader not in ("spark", "deltalake"):
         _fail(ConfigError("--reader must be spark or deltalake"))
@@ -71,17 +71,17 @@ def drill(
         )
 
         class Printer(Collector):
-            def event(self, name: str, **fields: Any) -> None:
-                if name == "run":
-                    progress.update(task, description=f"run {fields['index']}: {fields['plan']}")
-                elif name == "ran":
-                    r = fields["record"]
+            def emit(self, event: Event) -> None:
+                if isinstance(event, RunStarted):
+                    progress.update(task, description=f"run {event.index}: {event.plan}")
+                elif isinstance(event, RunEnded):
+                    r = event.record
                     where = f" ({r.landed})" if r.landed and r.kind == "random" else ""
                     progress.console.print(f"  run {r.index}: {r.plan} -> {r.outcome}{where}, exit {r.exit_code}, {r.seconds:.0f}s")
-                elif name == "verifying":
-                    progress.update(task, description=f"verifying round {fields['round']}")
-                elif name == "damaged":
-                    progress.console.print(f"  damage {fields['damage']}: {fields['what']}")
+                elif isinstance(event, Verifying):
+                    progress.update(task, description=f"verifying round {event.round}")
+                elif isinstance(event, Damaged):
+                    progress.console.print(f"  damage {event.damage}: {event.what}")
 
         the_drill = Drill(options, None)
         with progress:

@@ -25,34 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("materializer")
 
 
-class _Printer:
-    """Sends the run's progress events to the ``materializer`` logger, one line each (stderr by default)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def event(self, name: str, **fields: Any) -> None:
-        if self.quiet:
-            return
-        if name == "progress":
-            log.debug("%s", fields["record"].summary())
-            return
-        if name == "opened":
-            msg = f"opened pipeline {fields['pipeline']} at epoch {fields['epoch']} (writer {fields['writer']})"
-        elif name == "read":
-            msg = f"epoch {fields['epoch']}: read {fields['documents']} documents of {fields['binding']} ({fields['extent']})"
-        elif name == "committed":
-            msg = f"epoch {fields['epoch']}: committed to the recovery log"
-        elif name == "applied":
-            extra = f", {fields['rows']} rows" if fields.get("rows") else ""
-            msg = f"epoch {fields['epoch']}: {fields['binding']} -> {fields['table']}: {fields['status']}{extra}"
-        elif name == "orphans_deleted":
-            msg = f"deleted {fields['files']} orphaned staged files"
-        else:
-            return
-        log.info("%s", msg)
-
-
 def _log_to_stderr(quiet: bool) -> None:
     """Progress lines go through the ``materializer`` logger; the CLI shows them on stderr."""
     handler = logging.StreamHandler(sys.stderr)
@@ -99,6 +71,9 @@ def run(
         None, "--events", help="'jsonl': one JSON line per epoch (progress records) and the summary, on stdout."
     ),
     events_file: Optional[Path] = typer.Option(None, "--events-file", help="Append the JSON lines to this file instead of stdout."),
+    all_events: bool = typer.Option(
+        False, "--all-events", help="With --events/--events-file: a JSON line for every event (read, committed, applied, spans…), not only the records."
+    ),
     metrics_port: Optional[int] = typer.Option(
         None, "--metrics-port", help="Serve Prometheus metrics on this port while running (0: any free port)."
     ),
@@ -111,19 +86,19 @@ def run(
     """Run the pipeline until its sources are drained (or forever with --follow)."""
     if events not in (None, "jsonl"):
         _fail(ConfigError(f"--events {events!r}: the only format is 'jsonl'"))
-    if events_file is not None:
+    if events_file is not None or all_events:
         events = "jsonl"
     stream = None
     try:
         cfg = load_config(config)
-        from materializer.progress import JsonLinesCollector, Tee
+        from materializer.progress import JsonLinesCollector, Tee, TextCollector
         from materializer.runtime import Runtime
 
         _log_to_stderr(quiet or json_out)
-        sinks: list[Any] = [_Printer(quiet or json_out)]
+        sinks: list[Any] = [TextCollector(log, quiet=quiet or json_out)]
         if events == "jsonl":
             stream = open(events_file, "a") if events_file is not None else sys.stdout
-            sinks.append(JsonLinesCollector(stream))
+            sinks.append(JsonLinesCollector(stream, kinds=None if all_events else JsonLinesCollector.RECORDS))
         metrics = _metrics(cfg.pipeline_id, metrics_port, metrics_host, metrics_file, metrics_push)
         if metrics is not None:
             sinks.append(metrics)
@@ -147,7 +122,9 @@ def run(
         return
     result = summary.to_dict()
     if stream is not None:
-        collector.event("finished", **result)
+        from materializer.events import Finished
+
+        collector.emit(Finished(**result))
         if stream is not sys.stdout:
             stream.close()
         else:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.config import PipelineConfig
 from materializer.errors import ConfigError, SourceError
-from materializer.progress import Collector
+from materializer import events
+from materializer.events import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
@@ -137,7 +138,7 @@ def start_backfill(
         log.commit(epoch, runtime_checkpoint, checkpoint)
     finally:
         driver.close()
-    collector.event("backfill_started", epoch=epoch, binding=binding, position=start, truncate=truncate)
+    collector.emit(events.BackfillStarted(epoch=epoch, binding=binding, position=start, truncate=truncate))
     return BackfillSummary(binding=binding, reset_epoch=epoch, position=start, truncated=truncate, last_epoch=epoch)
 
 

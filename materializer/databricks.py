@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from materializer.config import load_config
 from materializer.errors import ConfigError, MaterializerError
-from materializer.progress import Collector, EpochProgress, utc_now
+from materializer.progress import JsonLinesCollector, utc_now
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,17 +37,11 @@ if TYPE_CHECKING:
     from materializer.runtime import RunSummary
 
 
-class _Log(Collector):
-    """Progress on the job's stdout (the run page's output), one timed JSON line per event, and
-    one ``progress`` line per applied epoch (the same record as ``materializer run --events jsonl``)."""
-
-    def event(self, name: str, **fields: object) -> None:
-        record = fields.get("record")
-        if name == "progress" and isinstance(record, EpochProgress):
-            print(record.to_json(), flush=True)
-        elif name in ("opened", "committed", "applied", "orphans_deleted"):
-            fields = {"at": utc_now(), **fields}
-            print(json.dumps({"event": name, **fields}, default=str), flush=True)
+def _job_output() -> JsonLinesCollector:
+    """Progress on the job's stdout (the run page's output): one timed JSON record per opened,
+    committed, applied and orphans_deleted event, and one ``progress`` record per applied epoch
+    (the same records as ``materializer run --events jsonl``)."""
+    return JsonLinesCollector(sys.stdout, kinds=("opened", "committed", "applied", "orphans_deleted", "progress"))
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -88,7 +82,7 @@ def run(argv: Sequence[str]) -> "RunSummary":
     args = parse_args(argv)
     config = load_config(args.config)
     spark = cluster_session(config)
-    return Runtime(config, spark, _Log()).run(follow=args.follow, max_epochs=args.max_epochs)
+    return Runtime(config, spark, _job_output()).run(follow=args.follow, max_epochs=args.max_epochs)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from materializer import changes, crash
+from materializer import changes, crash, events
 from materializer.bounds import bound_aggregates, bounds_condition, bounds_from
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
@@ -173,7 +173,7 @@ class DeltaDriver(Driver):
             self.staging.prune_empty(folder)  # not delete_prefix: files listed after the check stay
         if orphans:
             datasets = {dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}
-            self.collector.event("orphans_deleted", files=len(orphans), datasets=len(datasets))
+            self.collector.emit(events.OrphansDeleted(files=len(orphans), datasets=len(datasets)))
         return Opened(orphans_deleted=len(orphans))
 
     # --- Acknowledge ---
@@ -190,7 +190,7 @@ class DeltaDriver(Driver):
                 self._truncate(binding, epoch)
             result = self._apply(binding, epoch, staged)
             results.append(result)
-            self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+            self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
             rejected = message.driver_checkpoint.dead_letters.get(binding.name)
             if rejected is not None:
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
@@ -220,18 +220,20 @@ class DeltaDriver(Driver):
         app_id = self.config.pipeline_id
         replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
         for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, app_id)
+            with self.collector.span("table_state", epoch, binding.name):
+                state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
                 return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
             if staged is None and not state.exists:
                 # Nothing to write and no schema to create the table with: nothing to record.
                 return ApplyResult(binding=binding.name, table=str(table), status="empty")
-            source = self._read_staged(binding, epoch, staged, state.exists)
+            with self.collector.span("read_staged", epoch, binding.name):
+                source = self._read_staged(binding, epoch, staged, state.exists)
             try:
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
-                ):
+                ), self.collector.span("merge", epoch, binding.name):
                     metrics = self._commit(
                         binding, table, epoch, source, state.exists, staged.key_bounds if staged else None,
                         replace=replace and not state.exists,
@@ -474,7 +476,7 @@ class DeltaDriver(Driver):
             break
         else:
             raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-        self.collector.event("dead_letters_applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
+        self.collector.emit(events.DeadLettersApplied.of(result, epoch=epoch, seconds=time.monotonic() - began))
         return result
 
     def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
@@ -667,7 +669,7 @@ class DeltaDriver(Driver):
         # Queued only: evaluated at Flush, after Acknowledged (read-committed). The event lets
         # tests see that lastWriteWins-only bindings issue no loads.
         self._loads.append(message)
-        self.collector.event("load", epoch=(self._acknowledged or 0) + 1, binding=message.binding)
+        self.collector.emit(events.LoadQueued(epoch=(self._acknowledged or 0) + 1, binding=message.binding))
 
     def flush(self, message: Flush) -> Flushed:
         """Evaluate the queued loads: a join of the keys with the table, after Acknowledged."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from materializer.progress import Collector, EpochProgress
+from materializer.events import Collector, Event, Progress
 
 NAMESPACE = "materializer"
 
@@ -52,10 +52,10 @@ class PrometheusCollector(Collector):
         self.lag_bytes = Gauge(f"{NAMESPACE}_source_lag_bytes", "Source bytes not read yet.", labels, registry=r)
         self._textfile: str | None = None
 
-    def event(self, name: str, **fields: Any) -> None:
-        record = fields.get("record")
-        if name != "progress" or not isinstance(record, EpochProgress):
+    def emit(self, event: Event) -> None:
+        if not isinstance(event, Progress):
             return
+        record = event.record
         p = self.pipeline_id
         self.epochs.labels(p).inc()
         self.last_epoch.labels(p).set(record.epoch)

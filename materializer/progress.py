@@ -1,10 +1,12 @@
-"""Progress reporting: core code emits events to a collector; only the CLI prints.
+"""Progress reporting: core code emits typed events (:mod:`materializer.events`) to a collector;
+only the CLI prints.
 
-The runtime and the driver send small events (``read``, ``committed``, ``applied``,
-``acknowledged``…) as they happen. :class:`ProgressTracker` folds them into one
+The runtime and the driver send small events (``Read``, ``Committed``, ``Applied``,
+``Acknowledged``…) as they happen. :class:`ProgressTracker` folds them into one
 :class:`EpochProgress` per epoch, like Structured Streaming's query progress, and sends it on as a
-``progress`` event once the epoch is applied. Consumers (the CLI's JSON lines and Prometheus
-metrics, the Databricks job's output, ``logging``) format those records; they never parse text.
+``Progress`` event once the epoch is applied. Consumers format the events: :class:`TextCollector`
+(people's lines, to a logger), :class:`JsonLinesCollector` (one JSON record per event, what tools
+read), Prometheus metrics (``materializer.metrics``); none of them parses text.
 """
 
 from __future__ import annotations
@@ -13,46 +15,84 @@ import dataclasses
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
+
+from materializer import events
+from materializer.events import Collector, Event, NullCollector
+
+__all__ = [
+    "BindingProgress", "Collector", "EpochProgress", "Event", "JsonLinesCollector", "ListCollector",
+    "NullCollector", "ProgressTracker", "Tee", "TextCollector", "utc_now",
+]
+
+E = TypeVar("E", bound=Event)
 
 log = logging.getLogger("materializer")
 
 PHASES = ("read", "stage", "log_commit", "apply")
 
 
-class Collector:
-    """Receives events; the null collector ignores them."""
+class TextCollector(Collector):
+    """The human lines of a run (``materializer run`` on stderr), written to a logger.
 
-    def event(self, name: str, **fields: Any) -> None:
-        pass
+    One line per event people follow (opened, read, committed, applied, orphans deleted) at INFO,
+    each epoch's progress summary at DEBUG; other events are not shown. Tools never read these
+    lines (the drill reads the JSON records): the wording may change freely.
+    """
 
+    def __init__(self, logger: logging.Logger | None = None, quiet: bool = False) -> None:
+        self.logger = logger or log
+        self.quiet = quiet
 
-class LogCollector(Collector):
-    """Sends events to the ``materializer`` logger (Databricks jobs, tests, embedding programs)."""
-
-    def event(self, name: str, **fields: Any) -> None:
-        record = fields.get("record")
-        if name == "progress" and isinstance(record, EpochProgress):
-            log.info("%s", record.summary())
+    def emit(self, event: Event) -> None:
+        if self.quiet:
             return
-        details = " ".join(f"{k}={v}" for k, v in fields.items())
-        log.info("%s %s", name, details)
+        if isinstance(event, events.Progress):
+            self.logger.debug("%s", event.record.summary())
+            return
+        line = self.line(event)
+        if line is not None:
+            self.logger.info("%s", line)
+
+    def line(self, event: Event) -> str | None:
+        """The line for ``event``, or None if people are not shown it."""
+        if isinstance(event, events.Opened):
+            return f"opened pipeline {event.pipeline} at epoch {event.epoch} (writer {event.writer})"
+        if isinstance(event, events.Read):
+            return f"epoch {event.epoch}: read {event.documents} documents of {event.binding} ({event.extent})"
+        if isinstance(event, events.Committed):
+            return f"epoch {event.epoch}: committed to the recovery log"
+        if type(event) is events.Applied:
+            extra = f", {event.rows} rows" if event.rows else ""
+            return f"epoch {event.epoch}: {event.binding} -> {event.table}: {event.status}{extra}"
+        if isinstance(event, events.OrphansDeleted):
+            return f"deleted {event.files} orphaned staged files"
+        return None
 
 
 class ListCollector(Collector):
     """Keeps events in memory (tests)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.received: list[Event] = []
 
-    def event(self, name: str, **fields: Any) -> None:
-        self.events.append((name, fields))
+    def emit(self, event: Event) -> None:
+        self.received.append(event)
 
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [fields for n, fields in self.events if n == name]
+    @property
+    def events(self) -> list[tuple[str, dict[str, Any]]]:
+        """(kind, fields) of each event, in order."""
+        return [(e.kind, e.fields()) for e in self.received]
+
+    def named(self, kind: str) -> list[dict[str, Any]]:
+        """The fields of each event of ``kind``, in order."""
+        return [e.fields() for e in self.received if e.kind == kind]
+
+    def of(self, cls: type[E]) -> list[E]:
+        """The events of type ``cls`` (and its subclasses), in order."""
+        return [e for e in self.received if isinstance(e, cls)]
 
 
 class Tee(Collector):
@@ -62,15 +102,15 @@ class Tee(Collector):
     skipped: reporting must never fail the epoch it reports on.
     """
 
-    def __init__(self, *collectors: Collector) -> None:
+    def __init__(self, *collectors: Collector | None) -> None:
         self.collectors = [c for c in collectors if c is not None]
 
-    def event(self, name: str, **fields: Any) -> None:
+    def emit(self, event: Event) -> None:
         for collector in self.collectors:
             try:
-                collector.event(name, **fields)
+                collector.emit(event)
             except Exception as exc:  # noqa: BLE001 - see the class docstring
-                log.warning("progress: %s could not take the %r event: %s", type(collector).__name__, name, exc)
+                log.warning("progress: %s could not take the %r event: %s", type(collector).__name__, event.kind, exc)
 
 
 def utc_now() -> str:
@@ -144,9 +184,6 @@ class EpochProgress:
         data["phase_seconds"] = dict(self.phase_seconds)
         return data
 
-    def to_json(self) -> str:
-        return json.dumps({"event": "progress", **self.to_dict()}, sort_keys=False)
-
     def summary(self) -> str:
         """One line for humans and logs."""
         phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
@@ -178,50 +215,52 @@ class ProgressTracker(Collector):
     def _binding(self, state: dict[str, Any], name: str) -> dict[str, Any]:
         return state["bindings"].setdefault(name, {"binding": name})
 
-    def event(self, name: str, **fields: Any) -> None:
-        self.downstream.event(name, **fields)
-        epoch = fields.get("epoch")
-        if not isinstance(epoch, int):
+    def emit(self, event: Event) -> None:
+        self.downstream.emit(event)
+        epoch = getattr(event, "epoch", None)
+        if not isinstance(epoch, int) or isinstance(event, events.Progress):
             return
         record = None
         with self._lock:
             state = self._state(epoch)
-            if name == "read":
-                state.setdefault("started_at", fields.get("at"))
-                b = self._binding(state, fields["binding"])
-                b["documents"] = fields.get("documents", 0)
-                b["bytes_read"] = fields.get("bytes")
-                b["dead_letters"] = int(fields.get("dead_letters") or 0)
-                lag = fields.get("lag")
-                if isinstance(lag, Mapping):
-                    b["lag_files"], b["lag_bytes"] = lag.get("files"), lag.get("bytes")
-                self._add(state, "read", fields.get("seconds"))
-            elif name == "committed":
-                state["committed_at"] = fields.get("at")
-                for binding, staged in (fields.get("staged") or {}).items():
+            if isinstance(event, events.Read):
+                state.setdefault("started_at", event.at)
+                b = self._binding(state, event.binding)
+                b["documents"] = event.documents
+                b["bytes_read"] = event.bytes
+                b["dead_letters"] = int(event.dead_letters or 0)
+                if isinstance(event.lag, Mapping):
+                    b["lag_files"], b["lag_bytes"] = event.lag.get("files"), event.lag.get("bytes")
+                self._add(state, "read", event.seconds)
+            elif isinstance(event, events.Committed):
+                state["committed_at"] = event.at
+                for binding, staged in (event.staged or {}).items():
                     b = self._binding(state, binding)
                     b["rows_staged"], b["bytes_staged"] = staged
-                self._add(state, "stage", fields.get("stage_seconds"))
-                self._add(state, "log_commit", fields.get("log_commit_seconds"))
-            elif name == "applied":
-                b = self._binding(state, fields["binding"])
-                metrics = fields.get("metrics") or {}
+                self._add(state, "stage", event.stage_seconds)
+                self._add(state, "log_commit", event.log_commit_seconds)
+            elif type(event) is events.Applied:  # not DeadLettersApplied: its rows are not the table's
+                b = self._binding(state, event.binding)
+                metrics = event.metrics or {}
                 b.update(
-                    table=fields.get("table"),
-                    status=fields.get("status"),
-                    delta_version=fields.get("delta_version"),
-                    apply_seconds=fields.get("seconds"),
+                    table=event.table,
+                    status=event.status,
+                    delta_version=event.delta_version,
+                    apply_seconds=event.seconds,
                     inserted=_metric(metrics, "num_inserted_rows", "numTargetRowsInserted", "appended_rows"),
                     updated=_metric(metrics, "num_updated_rows", "numTargetRowsUpdated"),
                     deleted=_metric(metrics, "num_deleted_rows", "numTargetRowsDeleted"),
                 )
-            elif name == "acknowledged":
-                self._add(state, "apply", fields.get("seconds"))
-                state["applied_at"] = fields.get("at") or utc_now()
-                state["reapplied"] = bool(fields.get("first")) and "committed_at" not in state
+            elif isinstance(event, events.Acknowledged):
+                self._add(state, "apply", event.seconds)
+                state["applied_at"] = event.at or utc_now()
+                state["reapplied"] = bool(event.first) and "committed_at" not in state
                 record = self._record(epoch, self._epochs.pop(epoch))
+            elif not state["bindings"] and not state["phases"] and len(state) == 2:
+                # An event the record does not use (a span, a load): leave no state behind for it.
+                self._epochs.pop(epoch, None)
         if record is not None:
-            self.downstream.event("progress", epoch=epoch, record=record)
+            self.downstream.emit(events.Progress(record))
 
     @staticmethod
     def _add(state: dict[str, Any], phase: str, seconds: Any) -> None:
@@ -268,26 +307,26 @@ def _metric(metrics: Mapping[str, Any], *names: str) -> int | None:
 
 
 class JsonLinesCollector(Collector):
-    """One JSON object per line for the events tools consume: ``opened``, ``progress``, ``finished``."""
+    """One JSON object per line: ``{"event": kind, "at": UTC time, …the event's fields}``.
 
-    KINDS = ("opened", "progress", "orphans_deleted", "finished")
+    ``kinds``: the kinds written (default: the records tools have always read from
+    ``materializer run --events jsonl``: opened, progress, orphans_deleted, finished); None writes
+    every event, spans included (``--all-events``; what the drill reads). Field names are the
+    event classes' (README: "Progress and metrics"); ``at`` is the event's own time if it has one,
+    else when it was written.
+    """
 
-    def __init__(self, stream: Any) -> None:
+    RECORDS = ("opened", "progress", "orphans_deleted", "finished")
+
+    def __init__(self, stream: Any, kinds: Iterable[str] | None = RECORDS) -> None:
         self.stream = stream
+        self.kinds = None if kinds is None else frozenset(kinds)
         self._lock = threading.Lock()
 
-    def event(self, name: str, **fields: Any) -> None:
-        if name not in self.KINDS:
+    def emit(self, event: Event) -> None:
+        if self.kinds is not None and event.kind not in self.kinds:
             return
-        record = fields.get("record")
-        if isinstance(record, EpochProgress):
-            line = record.to_json()
-        else:
-            line = json.dumps({"event": name, "at": utc_now(), **fields}, default=str)
+        line = json.dumps({"event": event.kind, "at": utc_now(), **event.to_record()}, default=str)
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()
-
-
-def monotonic() -> float:
-    return time.monotonic()

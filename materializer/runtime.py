@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from materializer import crash, reductions
+from materializer import crash, events, reductions
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import TableRef, detail, quote, table_identity, table_state, table_writers
 from materializer.driver import DeltaDriver
@@ -138,8 +138,9 @@ class Runtime:
         epoch = state.last_epoch
         last = _renamed(state.last_commit, self.config)
         summary = RunSummary(pipeline_id=self.config.pipeline_id, opened_at_epoch=epoch)
-        self.collector.event("opened", pipeline=self.config.pipeline_id, epoch=epoch, writer=self.log.writer)
-        self._check_tables(epoch, last)
+        self.collector.emit(events.Opened(pipeline=self.config.pipeline_id, epoch=epoch, writer=self.log.writer))
+        with self.collector.span("check_tables", epoch):
+            self._check_tables(epoch, last)
         driver_checkpoint = last.driver_checkpoint if last else None
         opened = self.driver.open(Open(pipeline_id=self.config.pipeline_id, last_epoch=epoch, driver_checkpoint=driver_checkpoint))
         summary.orphans_deleted = opened.orphans_deleted
@@ -168,7 +169,7 @@ class Runtime:
                 self.log.clear_failures(epoch)
             # Sent from the applying thread, so its time is when the apply ended, not when the
             # runtime next looked.
-            self.collector.event("acknowledged", epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now())
+            self.collector.emit(events.Acknowledged(epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now()))
             return result
 
         def acknowledged() -> None:
@@ -202,7 +203,7 @@ class Runtime:
                 try:
                     batches = self._read(next_epoch, runtime_checkpoint)
                     staging_began = time.monotonic()
-                    with _explained(batches):
+                    with _explained(batches), self.collector.span("prestage", next_epoch):
                         prestaged = self._prestage(next_epoch, batches)
                     stage_seconds = time.monotonic() - staging_began
                 except BaseException:
@@ -241,10 +242,12 @@ class Runtime:
                         self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
 
                     # --- StartCommit / StartedCommit ---
-                    started_commit = self.driver.start_commit(
-                        StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
-                    )
-                self._verify(batches, started_commit)
+                    with self.collector.span("start_commit", next_epoch):
+                        started_commit = self.driver.start_commit(
+                            StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
+                        )
+                with self.collector.span("verify", next_epoch):
+                    self._verify(batches, started_commit)
                 self.staging.delete_prefix(self._spool(next_epoch))
                 stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
@@ -255,7 +258,8 @@ class Runtime:
 
                 committing = time.monotonic()
                 try:
-                    self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
+                    with self.collector.span("log_commit", next_epoch):
+                        self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
                 except FencedError:
                     # Not committed, so our staged files are nobody's: remove them before stopping.
                     for staged in started_commit.driver_checkpoint.staged.values():
@@ -275,15 +279,14 @@ class Runtime:
                 )
                 summary.epochs.append(current)
                 staged_files = started_commit.driver_checkpoint.staged
-                self.collector.event(
-                    "committed",
+                self.collector.emit(events.Committed(
                     epoch=epoch,
                     documents=sum(current.documents.values()),
                     at=utc_now(),
                     staged={n: (f.rows, f.bytes) for n, f in staged_files.items() if f is not None},
                     stage_seconds=stage_seconds,
                     log_commit_seconds=log_commit_seconds,
-                )
+                ))
         except FencedError:
             raise
         except Exception as exc:
@@ -314,12 +317,13 @@ class Runtime:
         self._unread = {}
         for binding in self.config.bindings:
             began, at = time.monotonic(), utc_now()
-            batch = self.sources[binding.name].next_batch(
-                self.spark,
-                checkpoint.get(binding.name),
-                self.config.transaction.max_documents,
-                f"{self._spool(epoch)}/{binding.name}.jsonl",
-            )
+            with self.collector.span("read", epoch, binding.name):
+                batch = self.sources[binding.name].next_batch(
+                    self.spark,
+                    checkpoint.get(binding.name),
+                    self.config.transaction.max_documents,
+                    f"{self._spool(epoch)}/{binding.name}.jsonl",
+                )
             if batch is not None:
                 batches[binding.name] = batch
                 read = {"epoch": epoch, "binding": binding.name, "seconds": time.monotonic() - began, "at": at}
@@ -331,16 +335,15 @@ class Runtime:
         return batches
 
     def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
-        self.collector.event(
-            "read",
+        self.collector.emit(events.Read(
             **read,
             documents=batch.count,
             extent=batch.description,
             # Optional fields of SourceBatch (a source that does not know leaves them out).
             bytes=getattr(batch, "bytes", None),
             lag=getattr(batch, "lag", None),
-            dead_letters=getattr(batch, "rejected_count", 0),
-        )
+            dead_letters=getattr(batch, "rejected_count", 0) or 0,
+        ))
 
     def _verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
         """The checks a source deferred to the staging job, now that it has run: a refusal deletes

@@ -54,6 +54,7 @@ def test_epoch_phases_split_each_epoch_at_the_runtime_events() -> None:
 
 
 def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> None:
+    from materializer.events import Opened
     from materializer.tools.bench import TimingCollector
 
     events = [
@@ -69,7 +70,7 @@ def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> No
     phases = epoch_phases(events, cpu)
     assert [(p["python_cpu"], p["jvm_cpu"]) for p in phases] == [(0.5, 10.0), (0.25, 4.0)]
     collector = TimingCollector()
-    collector.event("opened")
+    collector.emit(Opened(pipeline="p", epoch=0, writer="w"))
     python, jvm = collector.cpu[0]
     assert python > 0 and jvm >= 0  # measured from the process, not made up
 

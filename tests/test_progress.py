@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from materializer import events
 from materializer.config import load_config
 from materializer.progress import EpochProgress, JsonLinesCollector, ListCollector, ProgressTracker
 from materializer.runtime import Runtime
@@ -17,13 +18,13 @@ from tests.helpers import binding, write_config, write_jsonl
 
 def _feed(tracker: ProgressTracker, epoch: int, *, first: bool = False, read: bool = True) -> None:
     if read:
-        tracker.event("read", epoch=epoch, binding="a", documents=5, bytes=400, lag={"files": 2, "bytes": 900}, seconds=0.5, at="t0")
-        tracker.event("read", epoch=epoch, binding="b", documents=3, seconds=0.25, at="t0b")
-        tracker.event("committed", epoch=epoch, documents=8, at="t1", staged={"a": (4, 1000), "b": (3, 700)}, stage_seconds=1.5, log_commit_seconds=0.01)
-    tracker.event("applied", epoch=epoch, binding="a", table="/t/a", status="applied", rows=4, delta_version=3,
-                  metrics={"num_affected_rows": 4, "num_inserted_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 1}, seconds=2.0)
-    tracker.event("applied", epoch=epoch, binding="b", table="/t/b", status="skipped", rows=0, delta_version=7, metrics={}, seconds=0.1)
-    tracker.event("acknowledged", epoch=epoch, first=first, seconds=2.2, at="t2")
+        tracker.emit(events.Read(epoch=epoch, binding="a", documents=5, extent="f-1", bytes=400, lag={"files": 2, "bytes": 900}, seconds=0.5, at="t0"))
+        tracker.emit(events.Read(epoch=epoch, binding="b", documents=3, extent="f-1", seconds=0.25, at="t0b"))
+        tracker.emit(events.Committed(epoch=epoch, documents=8, at="t1", staged={"a": (4, 1000), "b": (3, 700)}, stage_seconds=1.5, log_commit_seconds=0.01))
+    tracker.emit(events.Applied(epoch=epoch, binding="a", table="/t/a", status="applied", rows=4, delta_version=3,
+                                metrics={"num_affected_rows": 4, "num_inserted_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 1}, seconds=2.0))
+    tracker.emit(events.Applied(epoch=epoch, binding="b", table="/t/b", status="skipped", rows=0, delta_version=7, metrics={}, seconds=0.1))
+    tracker.emit(events.Acknowledged(epoch=epoch, first=first, seconds=2.2, at="t2"))
 
 
 def test_the_tracker_folds_an_epochs_events_into_one_record() -> None:
@@ -60,9 +61,9 @@ def test_records_are_json_lines_with_every_field() -> None:
     _feed(tracker, 1)
     out = io.StringIO()
     lines = JsonLinesCollector(out)
-    lines.event("opened", pipeline="p", epoch=0, writer="w")
-    lines.event("read", epoch=1, binding="a")  # not a record kind: left out
-    lines.event("progress", **sink.named("progress")[0])
+    lines.emit(events.Opened(pipeline="p", epoch=0, writer="w"))
+    lines.emit(events.Read(epoch=1, binding="a", documents=1, extent="f", seconds=0.1, at="t"))  # not a record kind: left out
+    lines.emit(sink.of(events.Progress)[0])
     first, second = [json.loads(line) for line in out.getvalue().splitlines()]
     assert first["event"] == "opened" and first["at"].endswith("Z")
     assert second["event"] == "progress" and second["epoch"] == 1
@@ -117,9 +118,9 @@ def test_a_run_reports_the_merge_counts_of_each_epoch(spark: Any, tmp_path: Path
 
 
 def test_the_databricks_job_prints_each_record_as_a_timed_json_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from materializer.databricks import _Log
+    from materializer.databricks import _job_output
 
-    tracker = ProgressTracker(_Log(), "p")
+    tracker = ProgressTracker(_job_output(), "p")
     _feed(tracker, 3)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["event"] for line in lines] == ["committed", "applied", "applied", "progress"]

@@ -10,7 +10,9 @@ files three ways, each to its own copy of the same seeded table:
   events, which splits each epoch into *read* (listing, the Spark job that checks every document),
   *stage* (Spark parse, combine, Parquet write, recovery-log commit) and *apply* (txn check,
   staged-file check, MERGE, garbage collection), and records per epoch the CPU seconds of this
-  Python process (the driver) and of the Spark JVM (psutil).
+  Python process (the driver) and of the Spark JVM (psutil). The spans the core emits
+  (``materializer.events.Span``: prestage, StartCommit, MERGE…) say where the time went inside
+  those phases, with the Spark jobs each ran (the report's ``steps``).
 * **bare**: what a user without exactly-once machinery would do with the same rows: read the
   JSON file with a fixed schema, keep the last document per key, write Parquet (*stage*), then a
   plain ``MERGE`` of that Parquet (*merge*; no txn ids, no checks). The bare MERGE is the floor
@@ -47,7 +49,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -56,12 +57,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import yaml
 
-from materializer.progress import Collector
+from materializer import events
+from materializer.events import Collector, Event
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: materializer/tools/<this file>
 KEY = "id"
 # The userMetadata of the seed commit: deliberately not the materializer's {"materializer": …} tag,
 # so status/history never mistake the seed for a pipeline epoch.
@@ -427,15 +429,21 @@ def cpu_seconds() -> tuple[float, float]:
 
 
 class TimingCollector(Collector):
-    """Timestamps the runtime's events (monotonic seconds) and the CPU seconds spent so far."""
+    """Timestamps the runtime's events (monotonic seconds) and the CPU seconds spent so far.
+
+    Spans are left to :class:`SpanSteps`: sampling CPU at each of them would charge the bench's
+    own psutil calls to the epochs.
+    """
 
     def __init__(self) -> None:
         self.events: list[tuple[float, str, dict[str, Any]]] = []
         self.cpu: list[tuple[float, float]] = []
         """Per event: (Python CPU seconds, JVM CPU seconds) of the process so far."""
 
-    def event(self, name: str, **fields: Any) -> None:
-        self.events.append((time.monotonic(), name, fields))
+    def emit(self, event: Event) -> None:
+        if isinstance(event, (events.SpanStarted, events.Span)):
+            return
+        self.events.append((time.monotonic(), event.kind, event.fields()))
         self.cpu.append(cpu_seconds())
 
 
@@ -531,74 +539,65 @@ def epoch_phases(
     return out
 
 
-class StepProfiler:
-    """Wraps core functions (on the instances of one run, never in the files) to time them.
+SPAN_STEPS = {
+    "check_tables": "open: log/table consistency check (table_state, Delta log snapshots)",
+    "read": "read: source batch (listing; the Spark job that checks every document and derives the schema, unless the checks are deferred)",
+    "prestage": "stage: prestage while the previous epoch applies (parse, checks with a declared schema, combine, Parquet)",
+    "start_commit": "stage: StartCommit (type check; Parquet write unless prestaged)",
+    "verify": "stage: verify the checks the staging job tallied (no Spark job unless one failed)",
+    "log_commit": "stage: recovery-log commit",
+    "table_state": "apply: table_state (Delta log snapshot + txn)",
+    "read_staged": "apply: staged-file check (listing) and Parquet read",
+    "merge": "apply: MERGE (with target schema lookups)",
+}
+"""The report's label of each span the core emits (``materializer.events.Span``); another name is
+reported as itself."""
 
-    Each wrapped step records its calls, seconds and the Spark jobs it ran, so the report can say
-    where an epoch's time goes (e.g. a schema-inference job, repeated Delta log snapshots).
+
+class SpanSteps(Collector):
+    """Where an epoch's time goes, from the spans the core emits: calls, seconds and Spark jobs per step.
+
+    The seconds are the core's own (``Span.seconds``). The Spark jobs are counted here, from the
+    status tracker's next job id at the span's start and end events (both sent on the thread that
+    runs the step); with pipelining, jobs the other thread ran meanwhile are counted too.
     """
 
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
-        self.steps: dict[str, dict[str, float]] = {}
-        self._restore: list[Callable[[], None]] = []
+        self.steps: dict[str, dict[str, Any]] = {}
+        self._started: dict[tuple[str, int | None, str | None, int], int | None] = {}
 
-    def wrap(self, owner: Any, attribute: str, label: str) -> None:
-        original = getattr(owner, attribute)
-        profiler = self
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            jobs0 = next_job_id(profiler.spark)
-            t0 = time.monotonic()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                seconds = time.monotonic() - t0
-                jobs1 = next_job_id(profiler.spark)
-                jobs = jobs1 - jobs0 if jobs0 is not None and jobs1 is not None else 0
-                step = profiler.steps.setdefault(label, {"calls": 0, "seconds": 0.0, "spark_jobs": 0, "per_call": []})
-                step["calls"] += 1
-                step["seconds"] += seconds
-                step["spark_jobs"] += jobs
-                # Per call, in order: e.g. table_state before and after each MERGE alternate.
-                step["per_call"].append([round(seconds, 4), jobs])
-
-        # A method found on the class is shadowed on the instance and un-shadowed after; a module
-        # function (or an instance's own attribute) is put back.
-        put_back = isinstance(owner, types.ModuleType) or attribute in vars(owner)
-        setattr(owner, attribute, timed)
-
-        def restore() -> None:
-            if put_back:
-                setattr(owner, attribute, original)
-            else:
-                delattr(owner, attribute)
-
-        self._restore.append(restore)
-
-    def close(self) -> None:
-        for restore in reversed(self._restore):
-            restore()
-        self._restore = []
+    def emit(self, event: Event) -> None:
+        if isinstance(event, events.SpanStarted):
+            self._started[(event.name, event.epoch, event.binding, threading.get_ident())] = next_job_id(self.spark)
+        elif isinstance(event, events.Span):
+            jobs0 = self._started.pop((event.name, event.epoch, event.binding, threading.get_ident()), None)
+            jobs1 = next_job_id(self.spark)
+            jobs = jobs1 - jobs0 if jobs0 is not None and jobs1 is not None else 0
+            label = SPAN_STEPS.get(event.name, event.name)
+            step = self.steps.setdefault(label, {"calls": 0, "seconds": 0.0, "spark_jobs": 0, "per_call": []})
+            step["calls"] += 1
+            step["seconds"] += event.seconds
+            step["spark_jobs"] += jobs
+            # Per call, in order: e.g. table_state and merge of each binding alternate.
+            step["per_call"].append([round(event.seconds, 4), jobs])
 
 
-def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
-    import materializer.driver as driver_module
-    import materializer.runtime as runtime_module
-    import materializer.sources.documents as documents_module
+class OursCollector(TimingCollector):
+    """The bench's collector for a run of ours: event times and CPU, span steps, and the job
+    counter at each Acknowledged (so jobs can be attributed to epochs)."""
 
-    for source in runtime.sources.values():
-        profiler.wrap(source, "next_batch", "read: source batch (listing; a Spark check job unless the checks are deferred)")
-    profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema (no declared schema)")
-    profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, checks with a declared schema, combine, Parquet)")
-    profiler.wrap(runtime, "_verify", "stage: verify the checks the staging job tallied (no Spark job unless one failed)")
-    profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
-    profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
-    profiler.wrap(runtime.driver, "_read_staged", "apply: staged-file check (listing) and Parquet read")
-    profiler.wrap(runtime.driver, "_commit", "apply: MERGE (with target schema lookups)")
-    profiler.wrap(driver_module, "table_state", "apply: table_state (Delta log snapshot + txn)")
-    profiler.wrap(runtime_module, "table_state", "open: table_state (log/table consistency check)")
-    profiler.wrap(runtime.staging, "delete_prefix", "staging: delete_prefix (spool and staged GC)")
+    def __init__(self, spark: "SparkSession") -> None:
+        super().__init__()
+        self.spark = spark
+        self.spans = SpanSteps(spark)
+        self.marks: list[tuple[int, int | None]] = []
+
+    def emit(self, event: Event) -> None:
+        super().emit(event)
+        self.spans.emit(event)
+        if isinstance(event, events.Acknowledged):
+            self.marks.append((event.epoch, next_job_id(self.spark)))
 
 
 def run_ours(
@@ -609,33 +608,19 @@ def run_ours(
     from materializer.runtime import Runtime
 
     cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options, topic), "bench")
-    collector = TimingCollector()
-    marks: list[tuple[int, int | None]] = []
-
-    class JobMarks(TimingCollector):
-        # Record the job counter at each acknowledge so jobs can be attributed to epochs.
-        def event(self, name: str, **fields: Any) -> None:
-            collector.event(name, **fields)
-            if name == "acknowledged":
-                marks.append((int(fields["epoch"]), next_job_id(spark)))
-
-    runtime = Runtime(cfg, spark, JobMarks())
-    profiler = StepProfiler(spark)
-    _profile_runtime(profiler, runtime)
+    collector = OursCollector(spark)
+    runtime = Runtime(cfg, spark, collector)
     jobs_before = next_job_id(spark)
     started = time.monotonic()
-    try:
-        summary = runtime.run()
-    finally:
-        profiler.close()
+    summary = runtime.run()
     seconds = time.monotonic() - started
     phases = epoch_phases(collector.events, collector.cpu)
     previous = jobs_before
     for phase in phases:
-        end = next((j for e, j in marks if e == phase["epoch"]), None)
+        end = next((j for e, j in collector.marks if e == phase["epoch"]), None)
         phase["spark_jobs"] = (end - previous) if end is not None and previous is not None else None
         previous = end
-    return {"seconds": seconds, "epochs": phases, "last_epoch": summary.last_epoch, "config": cfg, "steps": profiler.steps}
+    return {"seconds": seconds, "epochs": phases, "last_epoch": summary.last_epoch, "config": cfg, "steps": collector.spans.steps}
 
 
 def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:

@@ -44,29 +44,27 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import yaml
 
-from materializer import crash
+from materializer import crash, events
 from materializer.tools import oracle
 from materializer.config import PipelineConfig, load_config, parse_config
 from materializer.errors import FencedError, MaterializerError, RecoveryLogError, StagingError
-from materializer.progress import Collector
+from materializer.events import Collector, Event
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: materializer/tools/<this file>
 SCENARIOS = ("kills", "zombie", "damage")
 DAMAGES = ("torn-log", "corrupt-log", "missing-staged", "truncated-staged")
 KILLED = -signal.SIGKILL
 
-# Lines ``materializer run`` prints on stderr, one per event (cli/main.py's _Printer).
-_OPENED = re.compile(r"^opened pipeline \S+ at epoch (\d+)")
-_READ = re.compile(r"^epoch (\d+): read ")
-_COMMITTED = re.compile(r"^epoch (\d+): committed to the recovery log")
-_APPLIED = re.compile(r"^epoch (\d+): (\w+) -> .*: (applied|skipped|empty|missing)")
+RUN_EVENTS = ("--all-events",)
+"""What the drill adds to ``materializer run``: every typed event as a JSON line on stdout (the
+human lines stay on stderr). The drill times its kills from these records, never from the text."""
 
 
 class DrillError(MaterializerError):
@@ -121,6 +119,48 @@ class RunRecord:
     """The last lines of output of a failed run."""
     events: dict[str, int] = field(default_factory=dict)
     """How often the run printed each event the drill times kills from (opened, read, committed, applied)."""
+
+
+# --- the drill's own events (for `materializer drill`'s display) -------------------------------
+
+
+@dataclass(frozen=True)
+class RoundStarted(Event):
+    kind: ClassVar[str] = "round"
+    round: int
+    workdir: str
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    kind: ClassVar[str] = "run"
+    index: int
+    plan: str
+
+
+@dataclass(frozen=True)
+class RunEnded(Event):
+    kind: ClassVar[str] = "ran"
+    record: "RunRecord"
+
+
+@dataclass(frozen=True)
+class Verifying(Event):
+    kind: ClassVar[str] = "verifying"
+    round: int
+
+
+@dataclass(frozen=True)
+class Verified(Event):
+    kind: ClassVar[str] = "verified"
+    verification: "Verification"
+
+
+@dataclass(frozen=True)
+class Damaged(Event):
+    kind: ClassVar[str] = "damaged"
+    damage: str
+    what: str
 
 
 @dataclass
@@ -305,35 +345,56 @@ _LIVE: "set[_Child]" = set()
 
 
 class _Child:
-    """``materializer <args>`` in its own session and process group, output read line by line."""
+    """``materializer <args>`` in its own session and process group, its output read line by line.
+
+    Two pipes: stdout carries the run's JSON event records (``--all-events``), stderr the human
+    lines and any error. Both go to the run's log file; ``lines`` gets ``(time seen, event, line)``,
+    ``event`` the typed event of a record (None for any other line).
+    """
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
-        self.lines: "queue.Queue[tuple[float, str] | None]" = queue.Queue()
+        self.lines: "queue.Queue[tuple[float, Event | None, str] | None]" = queue.Queue()
         self.output: list[str] = []
+        """The run's lines that are not event records (its human text, its errors)."""
+        self._log_lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "materializer_cli", *args],
             cwd=os.getcwd(),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
             bufsize=1,
             start_new_session=True,  # its own group: killpg reaches the JVM too, and only ours
         )
         _LIVE.add(self)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream,), daemon=True) for stream in (self.proc.stdout, self.proc.stderr)
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
+    def _read(self, stream: Any) -> None:
         with open(self.log_path, "a", encoding="utf-8") as log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()  # readable while the run is still going (or paused)
-                self.lines.put((time.monotonic(), line.rstrip("\n")))
+            for line in stream:
+                with self._log_lock:
+                    log.write(line)
+                    log.flush()  # readable while the run is still going (or paused)
+                line = line.rstrip("\n")
+                self.lines.put((time.monotonic(), read_event(line), line))
         self.lines.put(None)
+
+    def items(self, timeout: float | None = None) -> "Iterator[tuple[float, Event | None, str]]":
+        """The lines as they come, until both pipes end (``queue.Empty`` after ``timeout`` of silence)."""
+        ended = 0
+        while ended < len(self._readers):
+            item = self.lines.get(timeout=timeout)
+            if item is None:
+                ended += 1
+                continue
+            yield item
 
     def signal_group(self, sig: int) -> None:
         try:
@@ -343,12 +404,26 @@ class _Child:
 
     def finish(self) -> int:
         code = self.proc.wait()
-        self._reader.join(timeout=10)
+        for reader in self._readers:
+            reader.join(timeout=10)
         _LIVE.discard(self)
         # A run killed by SIGKILL may leave its JVM behind if the kill raced its start: end the
         # group we started (only it: its id is the child's pid).
         self.signal_group(signal.SIGKILL)
         return code
+
+
+def read_event(line: str) -> Event | None:
+    """The typed event of one line of a run's ``--all-events`` output; None for any other line
+    (a human line, a kind this version does not know, a record torn by a kill)."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        record = json.loads(text)
+        return events.from_record(record) if isinstance(record, dict) else None
+    except ValueError:
+        return None
 
 
 def child_env(crash_at: str | None = None) -> dict[str, str]:
@@ -381,29 +456,25 @@ class _Phase:
         self.counts[event] += 1
         self.times.setdefault(event, []).append(at)
 
-    def feed(self, at: float, line: str) -> str | None:
-        """Update from one line; returns the event name, if the line is one."""
-        if _OPENED.match(line):
+    def feed(self, at: float, event: Event | None) -> str | None:
+        """Update from one of the run's events; returns its kind if it is one kills are timed from."""
+        if isinstance(event, events.Opened):
             self.phase = "re-apply"
             return "opened"
-        if _READ.match(line):
+        if isinstance(event, events.Read):
             self.phase = "read/stage/commit"
             return "read"
-        m = _COMMITTED.match(line)
-        if m:
-            epoch = int(m.group(1))
-            self.committed.append(epoch)
-            self.commit_times[epoch] = at
+        if isinstance(event, events.Committed):
+            self.committed.append(event.epoch)
+            self.commit_times[event.epoch] = at
             self.phase = "apply"
             return "committed"
-        m = _APPLIED.match(line)
-        if m:
-            epoch = int(m.group(1))
-            self.applied_in_epoch[epoch] += 1
-            if self.applied_in_epoch[epoch] >= self.bindings and self.phase == "apply":
+        if type(event) is events.Applied:  # a table's apply (a dead-letter table's is not counted)
+            self.applied_in_epoch[event.epoch] += 1
+            if self.applied_in_epoch[event.epoch] >= self.bindings and self.phase == "apply":
                 self.phase = "after-apply"
-                if epoch in self.commit_times:
-                    self.apply_windows.append(at - self.commit_times[epoch])
+                if event.epoch in self.commit_times:
+                    self.apply_windows.append(at - self.commit_times[event.epoch])
             return "applied"
         return None
 
@@ -422,12 +493,15 @@ def run_once(
 ) -> tuple[RunRecord, _Phase]:
     """Run the pipeline once under ``plan``; return how it ended and where a kill landed."""
     started = time.monotonic()
-    child = _Child(["run", "--config", str(config_path), *extra_args], child_env(plan.point if plan.kind == "point" else None), log_path)
+    child = _Child(
+        ["run", "--config", str(config_path), *RUN_EVENTS, *extra_args], child_env(plan.point if plan.kind == "point" else None), log_path
+    )
     phase = _Phase(bindings)
     kill_at: float | None = None
     killed_by_drill = False
     landed = ""
     deadline = started + timeout
+    ended = 0
     while True:
         now = time.monotonic()
         if kill_at is not None and now >= kill_at and not killed_by_drill:
@@ -444,10 +518,14 @@ def run_once(
         except queue.Empty:
             continue
         if item is None:
-            break
-        at, line = item
-        child.output.append(line)
-        event = phase.feed(at, line)
+            ended += 1
+            if ended == 2:  # stdout and stderr
+                break
+            continue
+        at, typed, line = item
+        if typed is None:
+            child.output.append(line)
+        event = phase.feed(at, typed)
         if on_line is not None:
             on_line(line)
         if event is not None:
@@ -663,7 +741,7 @@ class Drill:
         self.config_path = root / "pipeline.yaml"
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
         self._runs_in_round = 0
-        self.collector.event("round", round=self.round_no, workdir=str(root))
+        self.collector.emit(RoundStarted(round=self.round_no, workdir=str(root)))
 
     @property
     def root(self) -> Path:
@@ -680,7 +758,7 @@ class Drill:
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
         self._index += 1
-        self.collector.event("run", index=self._index, plan=plan.label)
+        self.collector.emit(RunStarted(index=self._index, plan=plan.label))
         record, phase = run_once(
             self.config_path,
             plan,
@@ -695,7 +773,7 @@ class Drill:
         self.last_phase = phase
         self.apply_windows += phase.apply_windows
         self.report.runs.append(record)
-        self.collector.event("ran", record=record)
+        self.collector.emit(RunEnded(record=record))
         return record
 
     def cli(self, *args: str) -> tuple[int, str]:
@@ -703,16 +781,16 @@ class Drill:
         self._index += 1
         log_path = self.root / "runs" / f"{self._index:04d}-{args[0]}.log"
         child = _Child([*args, "--config", str(self.config_path)], child_env(), log_path)
-        while child.lines.get() is not None:
+        for _item in child.items():
             pass
         code = child.finish()
         return code, log_path.read_text()
 
     def verify_round(self) -> Verification:
-        self.collector.event("verifying", round=self.round_no)
+        self.collector.emit(Verifying(round=self.round_no))
         result = verify(self.config, self.spark(), self.round_no, self.options.reader)
         self.report.rounds.append(result)
-        self.collector.event("verified", verification=result)
+        self.collector.emit(Verified(verification=result))
         return result
 
     def drain(self) -> bool:
@@ -829,17 +907,14 @@ class Drill:
         self._index += 1
         log_a = self.root / "runs" / f"{self._index:04d}-zombie.log"
         started = time.monotonic()
-        zombie = _Child(["run", "--config", str(self.config_path)], child_env(), log_a)
+        zombie = _Child(["run", "--config", str(self.config_path), *RUN_EVENTS], child_env(), log_a)
         phase = _Phase(len(self.config.bindings))
         pause_at: float | None = None
         delay = self.rng.random() * 0.5
-        while True:
-            item = zombie.lines.get(timeout=self.options.run_timeout)
-            if item is None:
-                break
-            at, line = item
-            zombie.output.append(line)
-            if phase.feed(at, line) == "committed" and pause_at is None:
+        for at, typed, line in zombie.items(timeout=self.options.run_timeout):
+            if typed is None:
+                zombie.output.append(line)
+            if phase.feed(at, typed) == "committed" and pause_at is None:
                 pause_at = at + delay
                 while time.monotonic() < pause_at:
                     time.sleep(0.005)
@@ -856,7 +931,7 @@ class Drill:
         fresh = self.run(Plan("drain"))
         tick()
         zombie.signal_group(signal.SIGCONT)
-        while zombie.lines.get(timeout=self.options.run_timeout) is not None:
+        for _item in zombie.items(timeout=self.options.run_timeout):
             pass
         code = zombie.finish()
         text = log_a.read_text()
@@ -916,7 +991,7 @@ class Drill:
                 self.report.problems.append(f"{name}: the run did not stop at {point}:{epoch} ({record.outcome}); source too small?")
                 break
             what = _damage(name, log, staging, self.config)
-            self.collector.event("damaged", damage=name, what=what)
+            self.collector.emit(Damaged(damage=name, what=what))
             failed = self.run(Plan("drain"))
             text = (self.root / "runs" / f"{failed.index:04d}.log").read_text()
             failed.plan = f"after {name}: {what}"
