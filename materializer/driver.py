@@ -52,6 +52,8 @@ from materializer.dead_letters import for_epoch
 from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
 from materializer.layout import create_table_sql, is_already_exists, layout_problems
 from materializer.widening import widened_schema, widening_enabled
+from materializer.merge import CONCURRENT_RETRIES, CREATION_WAIT_SECONDS, MATERIALIZE_SOURCE, _align, _refused, _shape, merge_sql
+from materializer.staging import SCRATCH, STAGED, _without_void, dataset_of, is_data_file, open_cleans
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -77,42 +79,10 @@ from materializer.storage import Store as FileStore
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-STAGED = "staged"
 DEAD_LETTER_SUFFIX = "__dead_letters"
 """A binding's dead-letter rows are staged (and tagged) under its name with this suffix."""
-MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-"""Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
-source changes between the MERGE's two passes. A staged file never changes (it is written once
-under a unique name and deleted only after the apply), so the copy is pure cost: 'none'."""
-SCRATCH = ("spool", "_tmp")
-"""Scratch folders of the staging store: source spools and files on their way in, per writer."""
-CONCURRENT_RETRIES = 3
-CREATION_WAIT_SECONDS = 120
-"""How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
-
-
-def dataset_of(path: str) -> str:
-    """The staged dataset a staged file belongs to: ``staged/epoch-<epoch>/<binding>-<random>``."""
-    return "/".join(path.split("/")[:3])
-
-
-def open_cleans(staging: FileStore, checkpoint: DriverCheckpoint | None) -> tuple[list[str], list[str]]:
-    """What an Open deletes (files of staged datasets the last committed entry does not reference,
-    every scratch file) and what it keeps (the rest), as listed now. The drill checks with this."""
-    keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
-    keep |= set() if checkpoint is None else {f.uri for f in checkpoint.dead_letters.values()}
-    deleted, kept = [], []
-    for info in staging.list(STAGED):
-        (kept if dataset_of(info.path) in keep else deleted).append(info.path)
-    deleted += [f.path for prefix in SCRATCH for f in staging.list(prefix)]
-    return deleted, kept
-
-
-def is_data_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return not name.startswith(("_", "."))
 
 
 class DeltaDriver(Driver):
@@ -792,70 +762,6 @@ class DeltaDriver(Driver):
         )
 
 
-def merge_sql(
-    target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "", target_filter: str = ""
-) -> str:
-    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it.
-
-    ``target_filter``: `` AND …`` predicates on the target alone (the epoch's key bounds,
-    :func:`materializer.bounds.bounds_condition`) that Delta uses to skip files."""
-
-    def q(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
-    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key) + target_filter
-    # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
-    updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
-    names = ", ".join(q(c) for c in columns)
-    values = ", ".join(f"s.{q(c)}" for c in columns)
-    return (
-        f"MERGE{evolve} INTO {target} t USING {q(source_view)} s ON {condition} "
-        f"WHEN MATCHED AND s.{q(OP)} = 'd' THEN DELETE "
-        f"WHEN MATCHED THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND s.{q(OP)} <> 'd' THEN INSERT ({names}) VALUES ({values})"
-    )
-
-
-def _void_as_string(dtype: Any) -> Any:
-    """``dtype`` with every VOID (NullType) inside it made STRING; None if it holds no VOID."""
-    from pyspark.sql.types import ArrayType, MapType, NullType, StringType, StructField, StructType
-
-    if isinstance(dtype, NullType):
-        return StringType()
-    if isinstance(dtype, StructType):
-        fields = [_void_as_string(f.dataType) for f in dtype.fields]
-        if all(f is None for f in fields):
-            return None
-        return StructType(
-            [StructField(f.name, new or f.dataType, f.nullable) for f, new in zip(dtype.fields, fields)]
-        )
-    if isinstance(dtype, ArrayType):
-        element = _void_as_string(dtype.elementType)
-        return None if element is None else ArrayType(element, dtype.containsNull)
-    if isinstance(dtype, MapType):
-        value = _void_as_string(dtype.valueType)
-        return None if value is None else MapType(dtype.keyType, value, dtype.valueContainsNull)
-    return None
-
-
-def _without_void(df: "DataFrame") -> "DataFrame":
-    """Parquet cannot hold a VOID column (a field NULL in the whole epoch, inside a struct): stage
-    it as a STRING column of NULLs, which the MERGE's alignment casts to the table's type."""
-    from pyspark.sql import functions as F
-
-    changed = {f.name: _void_as_string(f.dataType) for f in df.schema.fields}
-    if all(t is None for t in changed.values()):
-        return df
-    return df.select(
-        *[F.col(quote(name)).cast(t).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
-    )
-
-
-def _shape(schema: Any) -> list[tuple[str, str]]:
-    """Column names and types, nullability aside: equal shapes need no schema evolution."""
-    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
-
-
 CONSTRAINT_PREFIX = "delta.constraints."
 
 
@@ -972,57 +878,3 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
         f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there "
         "(no silent conversion: it would lose or change data)"
     )
-
-
-def _cause(exc: BaseException) -> str:
-    """The line of a Spark failure that says what went wrong, without the JVM stack."""
-    text = str(exc).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    caused = [line for line in lines if line.startswith("Caused by:")]
-    if caused:
-        line = caused[-1][len("Caused by:") :].strip()
-    else:
-        line = next((l for l in lines if "[" in l and not l.startswith("at ")), lines[0] if lines else type(exc).__name__)
-    line = line.lstrip(": ")
-    if ": [" in line and line.split(": [", 1)[0].count(".") > 1:
-        line = "[" + line.split(": [", 1)[1]  # drop the Java class name before Spark's error class
-    return line[:500]
-
-
-def _refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseException) -> str:
-    return (
-        f"epoch {epoch}, binding {binding.name}: Delta refused to apply the epoch to table {binding.table}: "
-        f"{_cause(exc)}. Nothing of epoch {epoch} was applied to {binding.table}; the epoch stays committed, so "
-        "every run stops here until it is applied. Fix the table (for example drop or relax the constraint the "
-        "rows break), then run again; or set the epoch's rows for this table aside, kept in a file, with "
-        f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (README: 'Stuck epochs')."
-    )
-
-
-def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
-    """Give ``df`` the table's columns and types: missing ones as NULL, new ones kept at the end."""
-    from pyspark.sql import functions as F
-
-    from pyspark.sql.types import ArrayType, StructType
-
-    from materializer.reductions import conform, unify_types
-
-    present = {f.name: f.dataType for f in df.schema.fields}
-    columns = []
-    for field in schema.fields:
-        if field.name in present:
-            column = F.col(quote(field.name))
-            source = present[field.name]
-            if isinstance(field.dataType, (StructType, ArrayType)):
-                # A plain cast maps struct sub-fields by position and would put values in the
-                # wrong sub-field: conform by name, keeping sub-fields the documents add.
-                target = (unify_types(field.dataType, source) if keep_extra else None) or field.dataType
-                columns.append(conform(column, source, target).alias(field.name))
-            else:
-                columns.append(column.cast(field.dataType).alias(field.name))
-        else:
-            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
-    known = {f.name for f in schema.fields}
-    if keep_extra:
-        columns += [F.col(quote(c)) for c in df.columns if c not in known]
-    return df.select(*columns)
