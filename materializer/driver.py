@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import changes, crash
-from materializer.bounds import bound_aggregates, bounds_condition, bounds_from
+from materializer.bounds import bounds_condition
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
     TXN_APP_ID,
@@ -53,7 +53,7 @@ from materializer.errors import ApplyError, SourceError, StagingError, TableStat
 from materializer.layout import create_table_sql, is_already_exists, layout_problems
 from materializer.widening import widened_schema, widening_enabled
 from materializer.merge import CONCURRENT_RETRIES, CREATION_WAIT_SECONDS, MATERIALIZE_SOURCE, _align, _refused, _shape, merge_sql
-from materializer.staging import SCRATCH, STAGED, _without_void, dataset_of, is_data_file, open_cleans
+from materializer.staging import StagingArea
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -98,6 +98,8 @@ class DeltaDriver(Driver):
         self.spark = spark
         self.config = config
         self.staging = staging
+        self.staging_area = StagingArea.of(config, staging)
+        """Staging, checking and deleting the epochs' datasets (``staging``'s layout)."""
         self.collector = collector or Collector()
         self.fence_check = fence_check or (lambda: None)
         """Raises FencedError if a newer writer holds the log: called after listing what to
@@ -123,28 +125,16 @@ class DeltaDriver(Driver):
     # --- Open ---
 
     def open(self, message: Open) -> Opened:
-        """Delete staged files that no committed entry references (Flink's abort of the in-doubt).
-
-        Safe on a stale view by construction: everything to delete is listed first, then the fence
-        is checked, then only the listed files are deleted. A newer writer that opened before the
-        check has published its fence (so this writer stops here); one that opens after it writes
-        its files after the listing, so none of them is on the list.
-        """
+        """Delete staged files that no committed entry references (Flink's abort of the in-doubt),
+        only while this writer holds the log (:meth:`StagingArea.delete_unreferenced`)."""
         if message.driver_checkpoint is not None:
             self._written = set(message.driver_checkpoint.written) | {
                 name for name, f in message.driver_checkpoint.staged.items() if f is not None
             }
-        orphans, _kept = open_cleans(self.staging, message.driver_checkpoint)
-        if orphans:
-            self.fence_check()
-        for path in orphans:
-            self.staging.delete(path)
-        for folder in sorted({dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}) + list(SCRATCH):
-            self.staging.prune_empty(folder)  # not delete_prefix: files listed after the check stay
-        if orphans:
-            datasets = {dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}
-            self.collector.event("orphans_deleted", files=len(orphans), datasets=len(datasets))
-        return Opened(orphans_deleted=len(orphans))
+        files, datasets = self.staging_area.delete_unreferenced(message.driver_checkpoint, self.fence_check)
+        if files:
+            self.collector.event("orphans_deleted", files=files, datasets=datasets)
+        return Opened(orphans_deleted=files)
 
     # --- Acknowledge ---
 
@@ -180,7 +170,7 @@ class DeltaDriver(Driver):
             # whose first Acknowledge finds the epoch applied and deletes them).
             self.fence_check()
         for staged in applied:
-            self._staging_of(staged).delete_prefix(staged.uri)
+            self.staging_area.delete_applied(staged)
         self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
@@ -197,7 +187,7 @@ class DeltaDriver(Driver):
             if staged is None and not state.exists:
                 # Nothing to write and no schema to create the table with: nothing to record.
                 return ApplyResult(binding=binding.name, table=str(table), status="empty")
-            source = self._read_staged(binding, epoch, staged, state.exists)
+            source = None if staged is None else self.staging_area.read(self.apply_spark, binding, epoch, staged, state.exists)
             try:
                 with self._txn(binding, epoch), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
@@ -233,49 +223,6 @@ class DeltaDriver(Driver):
                 metrics=metrics or {},
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-
-    def _read_staged(
-        self, binding: BindingConfig, epoch: int, staged: StagedFile | None, table_exists: bool = True
-    ) -> "DataFrame | None":
-        if staged is None:
-            return None
-        store = self._staging_of(staged)
-        files, size = 0, 0
-        for info in store.list(staged.uri):
-            if is_data_file(info.path):
-                files += 1
-                size += info.size
-        if (files, size) != (staged.files, staged.bytes):
-            found = "nothing" if files == 0 else f"{files} files, {size} bytes"
-            if files == 0 and not table_exists:
-                # Staged files are deleted only after every table recorded the epoch: a missing
-                # table with no staged file is most likely a table deleted after the apply.
-                raise TableStateError(
-                    f"epoch {epoch}, binding {binding.name}: table {binding.table} does not exist and epoch "
-                    f"{epoch}'s staged file {self.staging.uri}/{staged.uri} is gone. Either the table was deleted "
-                    f"or moved after epoch {epoch} was applied to it (restore it at {binding.table}, e.g. from a "
-                    "backup, then run again), or the staged file was damaged (run `materializer recover --config F`, "
-                    "README: 'Recovering from damage'). Nothing was changed."
-                )
-            raise StagingError(
-                f"epoch {epoch}, binding {binding.name}: staged file {self.staging.uri}/{staged.uri} is damaged or "
-                f"missing (expected {staged.files} files, {staged.bytes} bytes; found {found}) and the table "
-                f"does not record the epoch yet. Nothing of epoch {epoch} was applied to {binding.table}. "
-                "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
-                "from the source (README: 'Recovering from damage')."
-            )
-        return self.apply_spark.read.parquet(store.spark_path(staged.uri))
-
-    def _staging_of(self, staged: StagedFile) -> FileStore:
-        """The store holding ``staged``: this pipeline's area, or for an entry committed by a version
-        before the per-pipeline areas (an upgrade between its log commit and its apply), the
-        staging folder itself, where that version staged."""
-        if self.staging.list(staged.uri) or self.config.staging_root == self.config.staging:
-            return self.staging
-        from materializer.storage import open_store
-
-        legacy = open_store(self.config.staging)
-        return legacy if legacy.list(staged.uri) else self.staging
 
     @property
     def _apply_group(self) -> str:
@@ -421,8 +368,7 @@ class DeltaDriver(Driver):
             if state.txn_version is not None and state.txn_version >= epoch:
                 result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
                 break
-            rows = self._read_staged(binding, epoch, staged, table_exists=True)
-            assert rows is not None
+            rows = self.staging_area.read(self.apply_spark, binding, epoch, staged)
             writer = (
                 rows.write.format("delta")
                 .mode("append")
@@ -686,9 +632,7 @@ class DeltaDriver(Driver):
     def discard_prestaged(self) -> None:
         """Delete staged files of a transaction that will not be committed (best effort)."""
         prestaged, self._prestaged = self._prestaged, {}
-        for _rows, staged in prestaged.values():
-            if staged is not None:
-                self.staging.delete_prefix(staged.uri)
+        self.staging_area.discard(staged for _rows, staged in prestaged.values())
 
     def start_commit(self, message: StartCommit) -> StartedCommit:
         epoch = message.epoch
@@ -707,8 +651,7 @@ class DeltaDriver(Driver):
                 if early is not None and early[0] is not df:
                     # Stored rows other than the prestaged ones: the early file is not this epoch's.
                     self._prestaged.pop(binding.name)
-                    if early[1] is not None:
-                        self.staging.delete_prefix(early[1].uri)
+                    self.staging_area.discard([early[1]])
                     early = None
                 if df is None:
                     staged[binding.name] = None
@@ -724,9 +667,7 @@ class DeltaDriver(Driver):
         except BaseException:
             self.discard_prestaged()
             self._rejected = {}
-            for file in [*staged.values(), *dead.values()]:
-                if file is not None:
-                    self.staging.delete_prefix(file.uri)
+            self.staging_area.discard([*staged.values(), *dead.values()])
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
@@ -736,30 +677,8 @@ class DeltaDriver(Driver):
             )
         )
 
-    def _stage(self, binding: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
-        """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
-        path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
-        observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
-        df = _without_void(df)
-        # The key bounds are observed on the same write (no second pass): the MERGE skips by them.
-        key = self.config.binding(binding).key if key is None else key
-        bounds, kinds = bound_aggregates(df.schema, key)
-        df.observe(observation, F.count(F.lit(1)).alias("rows"), *bounds).write.mode("error").parquet(
-            self.staging.spark_path(path)
-        )
-        observed = observation.get
-        rows = int(observed["rows"])
-        data = [f for f in self.staging.list(path) if is_data_file(f.path)]
-        if rows == 0:
-            self.staging.delete_prefix(path)
-            return None
-        return StagedFile(
-            uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
-            key_bounds=bounds_from(observed, key, kinds) or None,
-        )
+    def _stage(self, name: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
+        return self.staging_area.stage(name, epoch, df, self.config.binding(name).key if key is None else key)
 
 
 CONSTRAINT_PREFIX = "delta.constraints."

@@ -50,6 +50,7 @@ from materializer.protocol import (
 )
 from materializer.recovery_log import LogEntry, RecoveryLog
 from materializer.sources import SourceBatch, open_source
+from materializer.staging import StagingArea
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class Runtime:
         # Every consumer also gets one `progress` record per applied epoch, folded from the events.
         self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
         self.staging = open_store(config.staging_root)
+        self.staging_area = StagingArea.of(config, self.staging)
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
         self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
         self.sources = {b.name: open_source(b, self.staging) for b in config.bindings}
@@ -227,7 +229,7 @@ class Runtime:
                         StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
                     )
                 self._verify(batches, started_commit)
-                self.staging.delete_prefix(self._spool(next_epoch))
+                self.staging_area.delete_spool(self.log.writer, next_epoch)
                 stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
 
@@ -240,9 +242,7 @@ class Runtime:
                     self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
                 except FencedError:
                     # Not committed, so our staged files are nobody's: remove them before stopping.
-                    for staged in started_commit.driver_checkpoint.staged.values():
-                        if staged is not None:
-                            self.staging.delete_prefix(staged.uri)
+                    self.staging_area.discard(started_commit.driver_checkpoint.staged.values())
                     raise
                 # crash here leaves the entry committed but unapplied: the next Open re-applies it
                 crash.crash_point("after-log-commit", next_epoch)
@@ -285,7 +285,7 @@ class Runtime:
             # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
             self.driver.discard_prestaged()
             # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
-            self.staging.delete_prefix(f"spool/{self.log.writer}")
+            self.staging_area.delete_spool(self.log.writer)
             self.driver.close()
         summary.last_epoch = epoch
         summary.seconds = time.monotonic() - started
@@ -332,9 +332,7 @@ class Runtime:
                 if batch.verify is not None:
                     batch.count = batch.verify()
         except BaseException:
-            for staged in started.driver_checkpoint.staged.values():
-                if staged is not None:
-                    self.staging.delete_prefix(staged.uri)
+            self.staging_area.discard(started.driver_checkpoint.staged.values())
             raise
         finally:
             unread, self._unread = self._unread, {}
@@ -355,8 +353,7 @@ class Runtime:
         return prestaged
 
     def _spool(self, epoch: int) -> str:
-        # Per writer: a zombie reading the same epoch as the newer run never shares its spool.
-        return f"spool/{self.log.writer}/epoch-{epoch:012d}"
+        return StagingArea.spool(self.log.writer, epoch)
 
     def _fence_check(self) -> None:
         self.log.check_holding("deleting staged files")

@@ -594,7 +594,7 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     profiler.wrap(runtime, "_verify", "stage: verify the checks the staging job tallied (no Spark job unless one failed)")
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
-    profiler.wrap(runtime.driver, "_read_staged", "apply: staged-file check (listing) and Parquet read")
+    profiler.wrap(runtime.driver.staging_area, "read", "apply: staged-file check (listing) and Parquet read")
     profiler.wrap(runtime.driver, "_commit", "apply: MERGE (with target schema lookups)")
     profiler.wrap(driver_module, "table_state", "apply: table_state (Delta log snapshot + txn)")
     profiler.wrap(runtime_module, "table_state", "open: table_state (log/table consistency check)")

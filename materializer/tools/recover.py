@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any
 from materializer import reductions
 from materializer.config import PipelineConfig
 from materializer.delta import TableRef, table_state
-from materializer.driver import DeltaDriver, is_data_file
+from materializer.driver import DeltaDriver
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, Flush, Load, StagedFile, StartCommit, Store
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
 from materializer.sources import open_source
-from materializer.storage import Store as FileStore
+from materializer.staging import StagingArea
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
@@ -67,15 +67,6 @@ class RecoverySummary:
     """The epoch committed again with re-staged files (None: nothing needed)."""
     restaged: dict[str, int] = field(default_factory=dict)
     """Rows re-staged per binding."""
-
-
-def _staged_intact(staging: FileStore, staged: StagedFile) -> bool:
-    files, size = 0, 0
-    for info in staging.list(staged.uri):
-        if is_data_file(info.path):
-            files += 1
-            size += info.size
-    return (files, size) == (staged.files, staged.bytes)
 
 
 def _repair_entries(log: RecoveryLog, summary: RecoverySummary) -> None:
@@ -160,7 +151,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         for name, staged in checkpoint.staged.items():
             if staged is None or recorded.get(name, 0) >= target:
                 keep[name] = None if recorded.get(name, 0) >= target else staged
-            elif _staged_intact(staging, staged):
+            elif driver.staging_area.intact(staged):
                 keep[name] = staged
             else:
                 restage.add(name)
@@ -281,15 +272,15 @@ def skip_epoch(
             + (f"table {binding.table} already records epoch {epoch}" if recorded >= epoch else f"epoch {epoch} has no rows for it")
             + ": nothing to set aside. Nothing was changed."
         )
-    if not _staged_intact(staging, staged):
+    area = StagingArea.of(config, staging)
+    if not area.intact(staged):
         raise StagingError(
             f"epoch {epoch}, binding {binding.name}: staged file {staging.uri}/{staged.uri} is missing or damaged, so its "
             "rows cannot be kept: run `materializer recover --config F` first to re-stage the epoch. Nothing was changed."
         )
-    kept_path = f"skipped/epoch-{epoch:012d}-{binding.name}-{uuid.uuid4().hex[:8]}"
-    destination = keep_to or staging.spark_path(kept_path)
+    destination = keep_to or area.spark_path(area.skipped_path(epoch, binding.name))
     # Copied whole before the log forgets the staged file (the next Open deletes it as unreferenced).
-    spark.read.parquet(staging.spark_path(staged.uri)).write.mode("error").parquet(destination)
+    area.read(spark, binding, epoch, staged).write.mode("error").parquet(destination)
     copied = spark.read.parquet(destination).count()
     if copied != staged.rows:
         raise StagingError(
