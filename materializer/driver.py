@@ -25,40 +25,22 @@ need no loads; nothing is read from a table before Acknowledged.
 from __future__ import annotations
 
 import time
-import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
-from materializer import changes, crash
-from materializer.bounds import bounds_condition
+from materializer import crash
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import (
-    TXN_APP_ID,
-    TXN_VERSION,
-    USER_METADATA,
-    TableRef,
-    detail,
-    exists,
-    is_commit_conflict,
-    quote,
-    read_table,
-    sql_name,
-    table_state,
-    table_version,
-    user_metadata,
-)
+from materializer.delta import TableRef, detail, exists, quote, read_table
 from materializer.dead_letters import for_epoch
-from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
-from materializer.layout import create_table_sql, is_already_exists, layout_problems
+from materializer.errors import SourceError
+from materializer.layout import layout_problems
 from materializer.widening import widened_schema, widening_enabled
-from materializer.merge import CONCURRENT_RETRIES, CREATION_WAIT_SECONDS, MATERIALIZE_SOURCE, _align, _refused, _shape, merge_sql
+from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, _align
 from materializer.staging import StagingArea
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
-    ApplyResult,
     Driver,
     DriverCheckpoint,
     Flush,
@@ -79,8 +61,6 @@ from materializer.storage import Store as FileStore
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-DEAD_LETTER_SUFFIX = "__dead_letters"
-"""A binding's dead-letter rows are staged (and tagged) under its name with this suffix."""
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
 
@@ -114,6 +94,8 @@ class DeltaDriver(Driver):
         from materializer.spark import isolated_session
 
         self.apply_spark = isolated_session(spark)
+        self.writer = DeltaWriter(self.apply_spark, config, self.staging_area, self.collector)
+        """The MERGEs and appends of each epoch, in the apply session (:mod:`materializer.merge`)."""
         try:
             # Installs PySpark's conversion of Delta's conflicts to their Python types (classic
             # client): imported only when the first one is examined, that one would stay a bare
@@ -147,8 +129,8 @@ class DeltaDriver(Driver):
             staged = message.driver_checkpoint.staged[binding.name]
             began = time.monotonic()
             if binding.name in message.driver_checkpoint.truncate:
-                self._truncate(binding, epoch)
-            result = self._apply(binding, epoch, staged)
+                self.writer._truncate(binding, epoch)
+            result = self.writer._apply(binding, epoch, staged)
             results.append(result)
             self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
             rejected = message.driver_checkpoint.dead_letters.get(binding.name)
@@ -156,7 +138,7 @@ class DeltaDriver(Driver):
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
                 # the table and appends them (their own txn record on the dead-letter table)
                 crash.crash_point("after-apply", epoch)
-                self._apply_dead_letters(binding, epoch, rejected)
+                self.writer._apply_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -175,289 +157,9 @@ class DeltaDriver(Driver):
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
 
-    def _apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
-        table = TableRef(binding.table)
-        app_id = self.config.pipeline_id
-        replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, app_id)
-            if state.txn_version is not None and state.txn_version >= epoch:
-                # A replay: Delta already records this epoch (or a later one) for the pipeline.
-                return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
-            if staged is None and not state.exists:
-                # Nothing to write and no schema to create the table with: nothing to record.
-                return ApplyResult(binding=binding.name, table=str(table), status="empty")
-            source = None if staged is None else self.staging_area.read(self.apply_spark, binding, epoch, staged, state.exists)
-            try:
-                with self._txn(binding, epoch), crash.crash_during_spark_job(
-                    "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
-                ):
-                    metrics = self._commit(
-                        binding, table, epoch, source, state.exists, staged.key_bounds if staged else None,
-                        replace=replace and not state.exists,
-                    )
-            except Exception as exc:  # noqa: BLE001
-                # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
-                # which a zombie's MERGE meets after the new writer evolved the schema or created
-                # the table: another writer committed meanwhile, so look again.
-                if is_commit_conflict(exc):
-                    continue
-                if is_already_exists(exc):
-                    # The table appeared between our look and our CREATE: fine if it is another
-                    # run of this pipeline (the loop finds the epoch applied, or merges into it);
-                    # another writer's table is not written blindly (README: 'Table layout').
-                    replace = self._check_created_by_us(binding, table, epoch)
-                    continue
-                if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
-                    raise
-                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-            # Only the version, for the report: the txn map would rebuild the snapshot's state.
-            after_version = table_version(self.apply_spark, table)
-            status = "applied" if metrics is not None else "skipped"
-            return ApplyResult(
-                binding=binding.name,
-                table=str(table),
-                status=status if staged is not None or status == "skipped" else "empty",
-                rows=staged.rows if staged else 0,
-                delta_version=after_version,
-                metrics=metrics or {},
-            )
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-
-    @property
-    def _apply_group(self) -> str:
-        return f"materializer-{self.config.pipeline_id}-apply"
-
     @property
     def _load_group(self) -> str:
         return f"materializer-{self.config.pipeline_id}-load"
-
-    @contextmanager
-    def _txn(self, binding: BindingConfig, epoch: int) -> Iterator[None]:
-        # The txn confs are session-wide: set them on the apply session, around this one commit only.
-        conf = self.apply_spark.conf
-        conf.set(TXN_APP_ID, self.config.pipeline_id)
-        conf.set(TXN_VERSION, str(epoch))
-        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
-        materialize = conf.get(MATERIALIZE_SOURCE, None)
-        conf.set(MATERIALIZE_SOURCE, "none")
-        # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
-        # did, on Spark Connect too (``interruptTag`` stops it).
-        self.apply_spark.addTag(self._apply_group)
-        try:
-            yield
-        finally:
-            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-                conf.unset(key)
-            if materialize is None:
-                conf.unset(MATERIALIZE_SOURCE)
-            else:
-                conf.set(MATERIALIZE_SOURCE, materialize)
-            self.apply_spark.removeTag(self._apply_group)
-
-    def _commit(
-        self,
-        binding: BindingConfig,
-        table: TableRef,
-        epoch: int,
-        source: "DataFrame | None",
-        table_exists: bool,
-        key_bounds: "dict[str, list[str]] | None" = None,
-        replace: bool = False,
-    ) -> dict[str, int] | None:
-        """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
-        from pyspark.sql import functions as F
-
-        meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
-        if source is not None and not table_exists:
-            return self._create(binding, table, source, epoch, replace=replace)
-        if source is None or binding.mode == "delta_updates":
-            # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
-            # records the epoch on the table (an empty commit carrying the txn id).
-            if source is None:
-                rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
-            else:
-                rows = source
-            current = read_table(self.apply_spark, table).schema
-            rows = _align(rows, self._widened(table, rows, current), keep_extra=True)
-            from pyspark.sql import Observation
-
-            # Counted as the rows are written (no second pass), for the epoch's progress record.
-            counted = Observation(f"appended_{binding.name}_{epoch}_{uuid.uuid4().hex[:6]}")
-            rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", self.config.pipeline_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", meta)
-                .option("mergeSchema", "true")
-            )
-            before = table_version(self.apply_spark, table)
-            writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            after = table_version(self.apply_spark, table)
-            if after == before:
-                return None  # Delta skipped it (the query never ran: do not wait for its count)
-            try:
-                return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
-            except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
-                return {"appended": 1}
-
-        target_schema = read_table(self.apply_spark, table).schema
-        aligned = _align(source, self._widened(table, source, target_schema), keep_extra=True)
-        if binding.mode == "scd2":
-            # Every version of the touched keys, from the staged changes and the table's versions
-            # (read by this MERGE's own source, so from the snapshot it commits on).
-            aligned = changes.scd2_versions(aligned, read_table(self.apply_spark, table), binding, epoch)
-        elif binding.change_controlled:
-            aligned = changes.merge_source(aligned, binding)  # the hidden columns, as they are set
-        # Delta's SQL, not the Python DeltaTable API: on Spark Connect that API needs a server
-        # plugin (delta-connect) that servers, Databricks' included, need not have.
-        view = f"materializer_staged_{uuid.uuid4().hex}"
-        aligned.createOrReplaceTempView(view)
-        evolve = ""
-        if _shape(aligned.drop(OP, *changes.staged_only(aligned.columns)).schema) != _shape(target_schema):
-            # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
-            # on a 10M-row table here) even when there is nothing to evolve.
-            evolve = " WITH SCHEMA EVOLUTION"
-        # The epoch's key bounds narrow the target side only: the MERGE has no clause for target
-        # rows the source does not match, so rows outside them were never to be touched.
-        bounds = bounds_condition(key_bounds)
-        if binding.mode == "scd2":
-            merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
-        elif binding.change_controlled:
-            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
-        else:
-            merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds)
-        try:
-            rows = self.apply_spark.sql(merge).collect()
-        finally:
-            self.apply_spark.catalog.dropTempView(view)
-        if not rows:
-            return None  # Delta skipped it: the table already records this epoch
-        return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
-
-    def _truncate(self, binding: BindingConfig, epoch: int) -> None:
-        """Delete every row of the binding's table in the epoch's tagged commit (``backfill
-        --truncate``); skipped, by us or by Delta, once the table records the epoch."""
-        table = TableRef(binding.table)
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, self.config.pipeline_id)
-            if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
-                return
-            try:
-                with self._txn(binding, epoch):
-                    # An empty table makes no commit: the _apply after this records the epoch.
-                    self.apply_spark.sql(f"DELETE FROM {sql_name(table)}").collect()
-                return
-            except Exception as exc:  # noqa: BLE001
-                if is_commit_conflict(exc):
-                    continue
-                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-
-    def _apply_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
-        """Append the epoch's rejected documents to the binding's dead-letter table, under the
-        epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
-        assert binding.dead_letters is not None
-        table = TableRef(binding.dead_letters)
-        app_id = self.config.pipeline_id
-        began = time.monotonic()
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, app_id)
-            if state.txn_version is not None and state.txn_version >= epoch:
-                result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
-                break
-            rows = self.staging_area.read(self.apply_spark, binding, epoch, staged)
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", app_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", user_metadata(app_id, binding.name + DEAD_LETTER_SUFFIX, epoch))
-            )
-            try:
-                with self._txn(binding, epoch):
-                    writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            except Exception as exc:  # noqa: BLE001
-                if is_commit_conflict(exc):
-                    continue
-                raise ApplyError(_refused(app_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-            result = ApplyResult(
-                binding=binding.name, table=str(table), status="applied", rows=staged.rows,
-                delta_version=table_version(self.apply_spark, table), metrics={"dead_letters": staged.rows},
-            )
-            break
-        else:
-            raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-        self.collector.event("dead_letters_applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
-        return result
-
-    def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
-        """The schema to align the epoch's rows to: the table's, with the columns its type widening
-        widens for these rows (so the MERGE's schema evolution widens them instead of a cast)."""
-        wider, changed = widened_schema(source.schema, target_schema)
-        if not changed:
-            return target_schema  # the usual case: no look at the table's properties
-        found = detail(self.apply_spark, table)
-        return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
-
-    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> bool:
-        """After a CREATE found the table there: True when the location holds only what a killed
-        CREATE left (files, no commit, none for CREATION_WAIT_SECONDS), which the next CREATE may
-        replace; False when the table is this pipeline's (or adopted) and the caller looks again."""
-        # The other CREATE may still be writing its files (Spark calls the table existing once
-        # its folder does): wait for its commit before judging whose table it is.
-        deadline = time.monotonic() + CREATION_WAIT_SECONDS
-        state = table_state(self.apply_spark, table, self.config.pipeline_id)
-        while not state.exists:
-            if time.monotonic() > deadline:
-                if table.is_path:
-                    # A CREATE killed before its commit (a drill's SIGKILL in the first epoch's
-                    # apply found it) leaves data files and an empty _delta_log that make every
-                    # later CREATE fail as "already exists": without a commit no reader sees them,
-                    # so the retry creates with CREATE OR REPLACE, whose commit 0 is put-if-absent
-                    # (a writer that commits first makes it a conflict, and the loop looks again).
-                    return True
-                raise StagingError(
-                    f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
-                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
-                )
-            time.sleep(0.5)
-            state = table_state(self.apply_spark, table, self.config.pipeline_id)
-        if binding.adopt_table or state.txn_version is not None:
-            return False
-        raise TableStateError(
-            f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
-            f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
-            "Nothing was written to it. If the table is meant for this binding, set `adopt_table: true` on the binding "
-            "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
-        )
-
-    def _create(
-        self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int, replace: bool = False
-    ) -> dict[str, int]:
-        """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
-        commit (the txn confs are set around this call). Raises Spark's "already exists" if the
-        table is there by now: the caller reads it again and merges (never a blind append)."""
-        from pyspark.sql import functions as F
-
-        if binding.mode == "delta_updates":
-            rows = source
-        elif binding.change_controlled:
-            rows = changes.first_rows(source, binding, epoch)  # tombstones, soft deletes, scd2 versions
-        else:
-            rows = source.filter(F.col(OP) != "d").drop(OP)
-        view = f"materializer_new_{uuid.uuid4().hex}"
-        rows.createOrReplaceTempView(view)
-        try:
-            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns, replace=replace))
-        finally:
-            self.apply_spark.catalog.dropTempView(view)
-        # The CTAS returns no metrics; its history entry has them (one command, no Spark job).
-        found = self.apply_spark.sql(f"DESCRIBE HISTORY {sql_name(table)} LIMIT 1").select("operationMetrics").collect()
-        written = (found[0]["operationMetrics"] or {}).get("numOutputRows") if found else None
-        return {"appended": 1, "created": 1, **({"num_inserted_rows": int(written)} if written is not None else {})}
 
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
         """The target's schema, constraints and column mapping as they stand now (None: no table)."""

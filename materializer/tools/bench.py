@@ -583,7 +583,7 @@ class StepProfiler:
 
 
 def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
-    import materializer.driver as driver_module
+    import materializer.merge as driver_module
     import materializer.runtime as runtime_module
     import materializer.sources.documents as documents_module
 
@@ -595,7 +595,7 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
     profiler.wrap(runtime.driver.staging_area, "read", "apply: staged-file check (listing) and Parquet read")
-    profiler.wrap(runtime.driver, "_commit", "apply: MERGE (with target schema lookups)")
+    profiler.wrap(runtime.driver.writer, "_commit", "apply: MERGE (with target schema lookups)")
     profiler.wrap(driver_module, "table_state", "apply: table_state (Delta log snapshot + txn)")
     profiler.wrap(runtime_module, "table_state", "open: table_state (log/table consistency check)")
     profiler.wrap(runtime.staging, "delete_prefix", "staging: delete_prefix (spool and staged GC)")
