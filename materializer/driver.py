@@ -35,7 +35,7 @@ from materializer.dead_letters import for_epoch
 from materializer.errors import SourceError
 from materializer.layout import layout_problems
 from materializer.widening import widened_schema, widening_enabled
-from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, _align
+from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
 from materializer.staging import StagingArea
 from materializer.progress import Collector
 from materializer.protocol import (
@@ -96,13 +96,6 @@ class DeltaDriver(Driver):
         self.apply_spark = isolated_session(spark)
         self.writer = DeltaWriter(self.apply_spark, config, self.staging_area, self.collector)
         """The MERGEs and appends of each epoch, in the apply session (:mod:`materializer.merge`)."""
-        try:
-            # Installs PySpark's conversion of Delta's conflicts to their Python types (classic
-            # client): imported only when the first one is examined, that one would stay a bare
-            # Py4JJavaError and not be recognised as a conflict (a racing first CREATE meets it).
-            import delta.exceptions  # noqa: F401
-        except ImportError:  # pragma: no cover - delta-spark is a dependency
-            pass
 
     # --- Open ---
 
@@ -129,8 +122,8 @@ class DeltaDriver(Driver):
             staged = message.driver_checkpoint.staged[binding.name]
             began = time.monotonic()
             if binding.name in message.driver_checkpoint.truncate:
-                self.writer._truncate(binding, epoch)
-            result = self.writer._apply(binding, epoch, staged)
+                self.writer.truncate(binding, epoch)
+            result = self.writer.apply(binding, epoch, staged)
             results.append(result)
             self.collector.event("applied", epoch=epoch, seconds=time.monotonic() - began, **result.model_dump())
             rejected = message.driver_checkpoint.dead_letters.get(binding.name)
@@ -138,7 +131,7 @@ class DeltaDriver(Driver):
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
                 # the table and appends them (their own txn record on the dead-letter table)
                 crash.crash_point("after-apply", epoch)
-                self.writer._apply_dead_letters(binding, epoch, rejected)
+                self.writer.append_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -240,7 +233,7 @@ class DeltaDriver(Driver):
                                   column.isNotNull() & column.try_cast(field.dataType).isNull()))
         checks = narrowing
         if not narrowing or not self._violation(binding, rows, narrowing):
-            aligned = _align(rows, facts.schema, keep_extra=True)
+            aligned = align(rows, facts.schema, keep_extra=True)
             checks = [
                 (f"NOT NULL column {f.name!r} would be NULL", F.col(quote(f.name)).isNull())
                 for f in facts.schema.fields

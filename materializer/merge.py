@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from materializer import changes, crash
@@ -47,21 +48,83 @@ CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class CommitProperties:
+    """Everything about one Delta commit of ours, in one object used by every write path (the
+    MERGE, the append, the CREATE, the truncate, the dead letters): deltalake's ``CommitProperties``."""
+
+    txn_app_id: str
+    """Delta's ``txnAppId``: the pipeline id. Delta skips a commit whose app id already records a
+    version >= :attr:`txn_version` (DESIGN invariant 2)."""
+    txn_version: int
+    """Delta's ``txnVersion``: the epoch."""
+    user_metadata: str
+    """The commit's ``userMetadata``: pipeline, binding and epoch, for ``DESCRIBE HISTORY`` (invariant 7)."""
+    max_retries: int = CONCURRENT_RETRIES
+    """Attempts in all when the commit loses to a concurrent one (each after reading the table again)."""
+
+    @classmethod
+    def for_epoch(cls, pipeline_id: str, binding: str, epoch: int, *, max_retries: int = CONCURRENT_RETRIES) -> "CommitProperties":
+        return cls(
+            txn_app_id=pipeline_id, txn_version=epoch, user_metadata=user_metadata(pipeline_id, binding, epoch),
+            max_retries=max_retries,
+        )
+
+    def writer_options(self) -> dict[str, str]:
+        """The same properties as a DataFrameWriter's options (an append's, a dead-letter append's)."""
+        return {"txnAppId": self.txn_app_id, "txnVersion": str(self.txn_version), "userMetadata": self.user_metadata}
+
+
+def _register_conflict_types(spark: "SparkSession") -> None:
+    """Have PySpark raise Delta's conflicts as ``delta.exceptions`` types, on either client: the
+    classic client's conversion is installed by importing ``delta.exceptions``, Spark Connect's by
+    ``delta.connect.exceptions`` (whose classes subclass the same base types). Done when the
+    writer is made: imported only when the first conflict is examined, that one would stay a bare
+    Py4JJavaError (a racing first CREATE meets it). :func:`materializer.delta.is_commit_conflict`
+    also reads Delta's error class, for a server whose classes the client does not map."""
+    try:
+        import delta.exceptions  # noqa: F401
+
+        from materializer.spark import is_connect
+
+        if is_connect(spark):
+            import delta.connect.exceptions  # noqa: F401
+    except ImportError:  # pragma: no cover - delta-spark is a dependency
+        pass
+
+
 class DeltaWriter:
-    """The apply session's writes to the bindings' Delta tables."""
+    """Writes each committed epoch's staged rows into the bindings' Delta tables, in the apply
+    session (a SparkSession of its own: the txn confs are session-wide), under the epoch's
+    :class:`CommitProperties`, so Delta skips a replay."""
 
     def __init__(self, apply_spark: "SparkSession", config: PipelineConfig, staging_area: StagingArea, collector: Collector) -> None:
         self.apply_spark = apply_spark
         self.config = config
         self.staging_area = staging_area
         self.collector = collector
+        _register_conflict_types(apply_spark)
 
-    def _apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
+    @property
+    def apply_tag(self) -> str:
+        """The Spark tag of the apply's work (what the ``mid-apply`` crash watcher waits for)."""
+        return f"materializer-{self.config.pipeline_id}-apply"
+
+    def properties(self, name: str, epoch: int) -> CommitProperties:
+        """The commit properties of ``name``'s (a binding's, or its dead letters') commit of ``epoch``."""
+        return CommitProperties.for_epoch(self.config.pipeline_id, name, epoch)
+
+    # --- one epoch, one table ---
+
+    def apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
+        """Apply ``epoch``'s staged rows to the binding's table in one tagged commit; skipped when the
+        table already records the epoch. A commit that loses to a concurrent one is retried after
+        reading the table again (:attr:`CommitProperties.max_retries` attempts)."""
         table = TableRef(binding.table)
-        app_id = self.config.pipeline_id
+        props = self.properties(binding.name, epoch)
         replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, app_id)
+        for _attempt in range(props.max_retries):
+            state = table_state(self.apply_spark, table, props.txn_app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
                 return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
@@ -70,11 +133,11 @@ class DeltaWriter:
                 return ApplyResult(binding=binding.name, table=str(table), status="empty")
             source = None if staged is None else self.staging_area.read(self.apply_spark, binding, epoch, staged, state.exists)
             try:
-                with self._txn(binding, epoch), crash.crash_during_spark_job(
-                    "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
+                with self.transaction(props), crash.crash_during_spark_job(
+                    "mid-apply", epoch, self.apply_spark, self.apply_tag, watch=table.location if table.is_path else None
                 ):
-                    metrics = self._commit(
-                        binding, table, epoch, source, state.exists, staged.key_bounds if staged else None,
+                    metrics = self.write(
+                        binding, table, props, source, state.exists, staged.key_bounds if staged else None,
                         replace=replace and not state.exists,
                     )
             except Exception as exc:  # noqa: BLE001
@@ -105,22 +168,19 @@ class DeltaWriter:
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
-    @property
-    def _apply_group(self) -> str:
-        return f"materializer-{self.config.pipeline_id}-apply"
-
     @contextmanager
-    def _txn(self, binding: BindingConfig, epoch: int) -> Iterator[None]:
+    def transaction(self, props: CommitProperties) -> Iterator[None]:
+        """Within the block, the apply session's Delta commits carry ``props``."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
-        conf.set(TXN_APP_ID, self.config.pipeline_id)
-        conf.set(TXN_VERSION, str(epoch))
-        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
+        conf.set(TXN_APP_ID, props.txn_app_id)
+        conf.set(TXN_VERSION, str(props.txn_version))
+        conf.set(USER_METADATA, props.user_metadata)
         materialize = conf.get(MATERIALIZE_SOURCE, None)
         conf.set(MATERIALIZE_SOURCE, "none")
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
-        self.apply_spark.addTag(self._apply_group)
+        self.apply_spark.addTag(self.apply_tag)
         try:
             yield
         finally:
@@ -130,58 +190,60 @@ class DeltaWriter:
                 conf.unset(MATERIALIZE_SOURCE)
             else:
                 conf.set(MATERIALIZE_SOURCE, materialize)
-            self.apply_spark.removeTag(self._apply_group)
+            self.apply_spark.removeTag(self.apply_tag)
 
-    def _commit(
+    def write(
         self,
         binding: BindingConfig,
         table: TableRef,
-        epoch: int,
+        props: CommitProperties,
         source: "DataFrame | None",
         table_exists: bool,
         key_bounds: "dict[str, list[str]] | None" = None,
         replace: bool = False,
     ) -> dict[str, int] | None:
-        """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
+        """Make the epoch's one Delta commit (inside :meth:`transaction`): CREATE the table, append,
+        or MERGE; its metrics, or None if Delta skipped it as already applied."""
+        if source is not None and not table_exists:
+            return self.create(binding, table, props, source, replace=replace)
+        if source is None or binding.mode == "delta_updates":
+            return self.append(binding, table, props, source)
+        return self.merge(binding, table, props, source, key_bounds)
+
+    def append(self, binding: BindingConfig, table: TableRef, props: CommitProperties, source: "DataFrame | None") -> dict[str, int] | None:
+        """Append onto a table that exists: delta-updates rows, or no rows at all, which still
+        records the epoch on the table (an empty commit carrying the txn id)."""
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
-        if source is not None and not table_exists:
-            return self._create(binding, table, source, epoch, replace=replace)
-        if source is None or binding.mode == "delta_updates":
-            # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
-            # records the epoch on the table (an empty commit carrying the txn id).
-            if source is None:
-                rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
-            else:
-                rows = source
-            current = read_table(self.apply_spark, table).schema
-            rows = _align(rows, self._widened(table, rows, current), keep_extra=True)
-            from pyspark.sql import Observation
+        if source is None:
+            rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
+        else:
+            rows = source
+        current = read_table(self.apply_spark, table).schema
+        rows = align(rows, self._widened(table, rows, current), keep_extra=True)
+        # Counted as the rows are written (no second pass), for the epoch's progress record.
+        counted = Observation(f"appended_{binding.name}_{props.txn_version}_{uuid.uuid4().hex[:6]}")
+        rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
+        writer = rows.write.format("delta").mode("append").options(**props.writer_options()).option("mergeSchema", "true")
+        before = table_version(self.apply_spark, table)
+        writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
+        after = table_version(self.apply_spark, table)
+        if after == before:
+            return None  # Delta skipped it (the query never ran: do not wait for its count)
+        try:
+            return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
+        except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
+            return {"appended": 1}
 
-            # Counted as the rows are written (no second pass), for the epoch's progress record.
-            counted = Observation(f"appended_{binding.name}_{epoch}_{uuid.uuid4().hex[:6]}")
-            rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", self.config.pipeline_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", meta)
-                .option("mergeSchema", "true")
-            )
-            before = table_version(self.apply_spark, table)
-            writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            after = table_version(self.apply_spark, table)
-            if after == before:
-                return None  # Delta skipped it (the query never ran: do not wait for its count)
-            try:
-                return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
-            except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
-                return {"appended": 1}
-
+    def merge(
+        self, binding: BindingConfig, table: TableRef, props: CommitProperties, source: "DataFrame",
+        key_bounds: "dict[str, list[str]] | None" = None,
+    ) -> dict[str, int] | None:
+        """MERGE the staged rows by key (standard, change-controlled or scd2 mode)."""
+        epoch = props.txn_version
         target_schema = read_table(self.apply_spark, table).schema
-        aligned = _align(source, self._widened(table, source, target_schema), keep_extra=True)
+        aligned = align(source, self._widened(table, source, target_schema), keep_extra=True)
         if binding.mode == "scd2":
             # Every version of the touched keys, from the staged changes and the table's versions
             # (read by this MERGE's own source, so from the snapshot it commits on).
@@ -214,17 +276,18 @@ class DeltaWriter:
             return None  # Delta skipped it: the table already records this epoch
         return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
 
-    def _truncate(self, binding: BindingConfig, epoch: int) -> None:
+    def truncate(self, binding: BindingConfig, epoch: int) -> None:
         """Delete every row of the binding's table in the epoch's tagged commit (``backfill
         --truncate``); skipped, by us or by Delta, once the table records the epoch."""
         table = TableRef(binding.table)
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        props = self.properties(binding.name, epoch)
+        for _attempt in range(props.max_retries):
+            state = table_state(self.apply_spark, table, props.txn_app_id)
             if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
                 return
             try:
-                with self._txn(binding, epoch):
-                    # An empty table makes no commit: the _apply after this records the epoch.
+                with self.transaction(props):
+                    # An empty table makes no commit: the apply after this records the epoch.
                     self.apply_spark.sql(f"DELETE FROM {sql_name(table)}").collect()
                 return
             except Exception as exc:  # noqa: BLE001
@@ -233,28 +296,23 @@ class DeltaWriter:
                 raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
-    def _apply_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
+    def append_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
         """Append the epoch's rejected documents to the binding's dead-letter table, under the
         epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
         assert binding.dead_letters is not None
         table = TableRef(binding.dead_letters)
         app_id = self.config.pipeline_id
+        props = self.properties(binding.name + DEAD_LETTER_SUFFIX, epoch)
         began = time.monotonic()
-        for _attempt in range(CONCURRENT_RETRIES):
+        for _attempt in range(props.max_retries):
             state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
                 result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
                 break
             rows = self.staging_area.read(self.apply_spark, binding, epoch, staged)
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", app_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", user_metadata(app_id, binding.name + DEAD_LETTER_SUFFIX, epoch))
-            )
+            writer = rows.write.format("delta").mode("append").options(**props.writer_options())
             try:
-                with self._txn(binding, epoch):
+                with self.transaction(props):
                     writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             except Exception as exc:  # noqa: BLE001
                 if is_commit_conflict(exc):
@@ -311,14 +369,15 @@ class DeltaWriter:
             "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
         )
 
-    def _create(
-        self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int, replace: bool = False
+    def create(
+        self, binding: BindingConfig, table: TableRef, props: CommitProperties, source: "DataFrame", replace: bool = False
     ) -> dict[str, int]:
         """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
-        commit (the txn confs are set around this call). Raises Spark's "already exists" if the
-        table is there by now: the caller reads it again and merges (never a blind append)."""
+        commit (inside :meth:`transaction`). Raises Spark's "already exists" if the table is there
+        by now: the caller reads it again and merges (never a blind append)."""
         from pyspark.sql import functions as F
 
+        epoch = props.txn_version
         if binding.mode == "delta_updates":
             rows = source
         elif binding.change_controlled:
@@ -391,7 +450,7 @@ def _refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseExce
     )
 
 
-def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
+def align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
     """Give ``df`` the table's columns and types: missing ones as NULL, new ones kept at the end."""
     from pyspark.sql import functions as F
 

@@ -193,7 +193,7 @@ def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_app
             racing["done"] = True
             # The zombie's apply of epoch 1 creates the table first (its clean-up is fenced).
             staged = runtime.log.read().last_commit.driver_checkpoint.staged["orders"]
-            assert Runtime(config, spark).driver.writer._apply(config.bindings[0], 1, staged).status == "applied"
+            assert Runtime(config, spark).driver.writer.apply(config.bindings[0], 1, staged).status == "applied"
             return TableState(False, None, None)
         return real(spark_, ref, app_id, **kw)
 

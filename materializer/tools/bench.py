@@ -595,7 +595,7 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
     profiler.wrap(runtime.driver.staging_area, "read", "apply: staged-file check (listing) and Parquet read")
-    profiler.wrap(runtime.driver.writer, "_commit", "apply: MERGE (with target schema lookups)")
+    profiler.wrap(runtime.driver.writer, "write", "apply: MERGE (with target schema lookups)")
     profiler.wrap(driver_module, "table_state", "apply: table_state (Delta log snapshot + txn)")
     profiler.wrap(runtime_module, "table_state", "open: table_state (log/table consistency check)")
     profiler.wrap(runtime.staging, "delete_prefix", "staging: delete_prefix (spool and staged GC)")
