@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import crash
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, detail, exists, quote, read_table
+from materializer.delta import TableRef, detail, exists, quote, read_table, table_identity, table_state, table_writers
 from materializer.dead_letters import for_epoch
-from materializer.errors import SourceError
-from materializer.layout import layout_problems
+from materializer.errors import ConfigError, SourceError, TableStateError
+from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems, layout_problems
 from materializer.widening import widened_schema, widening_enabled
 from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
 from materializer.staging import StagingArea
@@ -100,8 +100,10 @@ class DeltaDriver(Driver):
     # --- Open ---
 
     def open(self, message: Open) -> Opened:
-        """Delete staged files that no committed entry references (Flink's abort of the in-doubt),
-        only while this writer holds the log (:meth:`StagingArea.delete_unreferenced`)."""
+        """Check that what each table records is ours and agrees with the log, then delete staged
+        files that no committed entry references (Flink's abort of the in-doubt), only while this
+        writer holds the log (:meth:`StagingArea.delete_unreferenced`)."""
+        self._check_tables(message.last_epoch, message.driver_checkpoint)
         if message.driver_checkpoint is not None:
             self._written = set(message.driver_checkpoint.written) | {
                 name for name, f in message.driver_checkpoint.staged.items() if f is not None
@@ -110,6 +112,110 @@ class DeltaDriver(Driver):
         if files:
             self.collector.event("orphans_deleted", files=files, datasets=datasets)
         return Opened(orphans_deleted=files)
+
+    # --- before Open, and at Open: the tables against the configuration and the log ---
+
+    def validate(self) -> None:
+        """Before Open (so a wrong configuration fences no running writer): two bindings on one
+        table, and a session default that every table we create would inherit."""
+        self._check_distinct_tables()
+        self._check_retention_default()
+
+    def _check_distinct_tables(self) -> None:
+        """Two bindings on one table, however spelled (DESIGN invariant 10): their MERGEs would carry
+        the same txn id and version, and Delta would skip the second binding's rows."""
+        seen: dict[str, str] = {}
+        for binding in self.config.bindings:
+            identity = table_identity(self.spark, TableRef(binding.table))
+            if identity in seen:
+                raise ConfigError(
+                    f"bindings {seen[identity]!r} and {binding.name!r} write to the same table ({identity}, "
+                    f"spelled {self.config.binding(seen[identity]).table!r} and {binding.table!r}): a table takes one "
+                    "binding, or the second one's rows would be skipped as already applied. Give each binding its "
+                    "own table. Nothing was started."
+                )
+            seen[identity] = binding.name
+
+    def _check_tables(self, last_epoch: int, checkpoint: DriverCheckpoint | None) -> None:
+        """Once per run, before anything is written: what each table records must be ours.
+
+        * a later epoch than the log: the log was lost or swapped;
+        * a table this pipeline wrote rows to that is gone: deleted or moved by someone;
+        * commits of another pipeline or binding, or another writer's txn ids: a rename or a new
+          pipeline_id over existing tables would read the source again and write it twice.
+        """
+        written = set(checkpoint.written) if checkpoint else set()
+        for binding in self.config.bindings:
+            table = TableRef(binding.table)
+            state = table_state(self.spark, table, self.config.pipeline_id)
+            if state.txn_version is not None and state.txn_version > last_epoch:
+                raise TableStateError(
+                    f"table {binding.table} records epoch {state.txn_version} for pipeline "
+                    f"{self.config.pipeline_id!r} but the recovery log {self.config.recovery_log} ends at epoch "
+                    f"{last_epoch}: the log was deleted or replaced. Restore the log, or give the pipeline a "
+                    "new pipeline_id and new tables to start over; nothing was changed."
+                )
+            if not state.exists:
+                if binding.name in written:
+                    raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
+                continue
+            self._check_layout(binding, table)
+            self._check_writers(binding, table)
+
+    def _check_retention_default(self) -> None:
+        """A session default for the txn retention would reach every table we create."""
+        value = self.spark.conf.get(RETENTION_DEFAULT_CONF, None)
+        if value:
+            raise ConfigError(
+                f"the Spark session sets {RETENTION_DEFAULT_CONF} = {value}, which new tables inherit: {RETENTION_WHY}. "
+                "Remove the setting (spark.conf in the configuration, or the cluster's). Nothing was started."
+            )
+
+    def _check_layout(self, binding: BindingConfig, table: TableRef) -> None:
+        """An existing table must keep every txn id, and not contradict the binding's layout."""
+        found = detail(self.spark, table)
+        problems = existing_layout_problems(binding, found) if found is not None else []
+        if problems:
+            raise TableStateError(
+                f"binding {binding.name!r}: table {binding.table} cannot be written as configured: "
+                + "; ".join(problems)
+                + ". Change the table (ALTER TABLE … UNSET TBLPROPERTIES for the retention) or the binding, then run "
+                "again (README: 'Table layout'). Nothing was written."
+            )
+
+    def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
+        pipeline = self.config.pipeline_id
+        ours = {binding.name, *binding.previous_names}
+        writers = table_writers(self.spark, table)
+        first_own = min((first for (p, b), (first, _last) in writers.tags.items() if p == pipeline and b in ours), default=None)
+        foreign: dict[str, int] = {}
+        for (p, b), (_first, last_version) in writers.tags.items():
+            if not (p == pipeline and b in ours):
+                foreign[f"binding {b!r} of pipeline {p!r}" if p != pipeline else f"binding {b!r} of this pipeline"] = last_version
+        for app, last_version in writers.app_ids.items():
+            if app != pipeline and not any(p == app for p, _b in writers.tags):
+                foreign[f"a writer with Delta transaction id {app!r}"] = last_version
+        # Commits before this binding's first one were taken over then (adopt_table, once).
+        foreign = {who: v for who, v in foreign.items() if first_own is None or v > first_own}
+        if not foreign or binding.adopt_table:
+            return
+        who = ", ".join(f"{w} (up to Delta version {v})" for w, v in sorted(foreign.items(), key=lambda i: i[1])[:3])
+        renamed = [b for (p, b) in writers.tags if p == pipeline and b not in ours]
+        hint = (
+            f"If binding {binding.name!r} is binding {renamed[0]!r} renamed, add `previous_names: [{renamed[0]}]` to it: "
+            "its place in the source is taken over and nothing is read twice. "
+            if renamed
+            else ""
+        )
+        raise TableStateError(
+            f"binding {binding.name!r}: table {binding.table} holds commits of {who}"
+            + (", made after this binding's own" if first_own is not None else "")
+            + ". Writing it would re-apply rows that are already there (a new pipeline_id or a renamed binding "
+            "reads its source again from the start) or mix two writers in one table. "
+            + hint
+            + "To write to the table anyway, set `adopt_table: true` on the binding (README: 'Sharing or taking "
+            "over a table'). Nothing was written."
+        )
 
     # --- Acknowledge ---
 
@@ -491,4 +597,14 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
     return (
         f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there "
         "(no silent conversion: it would lose or change data)"
+    )
+
+
+def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:
+    return (
+        f"binding {binding!r}: table {table} does not exist, but pipeline {pipeline!r} has applied rows to it "
+        f"(the recovery log is at epoch {last_epoch}): the table was deleted or moved. Restore it at {table} (from "
+        "a backup or the moved folder) and run again; or, to rebuild it from the source, start the pipeline over "
+        "with a new pipeline_id, recovery_log and staging (the other tables then need `adopt_table: true`). "
+        "Nothing was written."
     )

@@ -584,7 +584,7 @@ class StepProfiler:
 
 def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     import materializer.merge as driver_module
-    import materializer.runtime as runtime_module
+    import materializer.driver as open_module
     import materializer.sources.documents as documents_module
 
     for source in runtime.sources.values():
@@ -597,7 +597,7 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
     profiler.wrap(runtime.driver.staging_area, "read", "apply: staged-file check (listing) and Parquet read")
     profiler.wrap(runtime.driver.writer, "write", "apply: MERGE (with target schema lookups)")
     profiler.wrap(driver_module, "table_state", "apply: table_state (Delta log snapshot + txn)")
-    profiler.wrap(runtime_module, "table_state", "open: table_state (log/table consistency check)")
+    profiler.wrap(open_module, "table_state", "open: table_state (log/table consistency check)")
     profiler.wrap(runtime.staging, "delete_prefix", "staging: delete_prefix (spool and staged GC)")
 
 
