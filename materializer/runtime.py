@@ -39,6 +39,7 @@ from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
+    Driver,
     DriverCheckpoint,
     Flush,
     Load,
@@ -48,7 +49,7 @@ from materializer.protocol import (
     Store,
 )
 from materializer.recovery_log import LogEntry, RecoveryLog
-from materializer.sources import SourceBatch, open_source
+from materializer.sources import Source, SourceBatch, open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
 
@@ -90,8 +91,195 @@ def _explained(batches: dict[str, SourceBatch]) -> Iterator[None]:
         raise
 
 
+class BackgroundApply:
+    """Acknowledge on a thread of its own (seed 000's pipelining): epoch N is applied while the
+    runtime reads N+1. At most one apply is under way; :meth:`wait` is the Acknowledged.
+    Not pipelined (``transaction.pipelined: false``), :meth:`start` waits for the apply itself."""
+
+    def __init__(self, acknowledge: Callable[[int, DriverCheckpoint, bool], Acknowledged], *, pipelined: bool) -> None:
+        self._acknowledge = acknowledge
+        self._pipelined = pipelined
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
+        self._running: tuple[Future[Acknowledged], Callable[[Acknowledged], None]] | None = None
+
+    @property
+    def running(self) -> bool:
+        """An Acknowledge was started and not waited for."""
+        return self._running is not None
+
+    def start(self, epoch: int, checkpoint: DriverCheckpoint, *, first: bool, report: Callable[[Acknowledged], None]) -> None:
+        """Acknowledge ``epoch``; ``report`` gets its Acknowledged when it is waited for."""
+        assert self._running is None, "one apply at a time (DESIGN invariant 2)"
+        self._running = (self._executor.submit(self._acknowledge, epoch, checkpoint, first), report)
+        if not self._pipelined:
+            self.wait()
+
+    def wait(self) -> None:
+        """Acknowledged: wait for the running Acknowledge, if any; its error, if any, is raised here."""
+        if self._running is None:
+            return
+        (future, report), self._running = self._running, None
+        report(future.result())
+
+    def close(self) -> None:
+        """Leaving (on an error too): let a running apply finish (a committed epoch), quietly."""
+        if self._running is not None:
+            future, self._running = self._running[0], None
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the error already being raised wins
+                pass
+        self._executor.shutdown(wait=True)
+
+
+class EpochStager:
+    """Stage one epoch, the runtime's way and ``recover``'s: read the sources' batches, then
+    Load* / Flush, Store*, StartCommit, and verify what the sources deferred to the staging job.
+    What it returns is ready for the recovery log; committing it is the caller's."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: "SparkSession",
+        driver: Driver,
+        sources: "dict[str, Source]",
+        staging_area: StagingArea,
+        writer: str,
+        collector: Collector,
+    ) -> None:
+        self.config = config
+        self.spark = spark
+        self.driver = driver
+        self.sources = sources
+        self.staging_area = staging_area
+        self.writer = writer
+        """The log writer's id: names this writer's spool."""
+        self.collector = collector
+        self._unread: dict[str, dict[str, Any]] = {}
+        """Read events of batches whose checks run with their staging (sent once verified)."""
+
+    def read(self, epoch: int, checkpoint: dict[str, Any], *, until: dict[str, Any] | None = None) -> dict[str, SourceBatch]:
+        """Each binding's next batch after ``checkpoint`` (``until``: recover's re-read of a
+        committed epoch takes exactly the extent it ended at); a binding with nothing new has none."""
+        batches = {}
+        self._unread = {}
+        for binding in self.config.bindings:
+            began, at = time.monotonic(), utc_now()
+            batch = self.sources[binding.name].next_batch(
+                self.spark,
+                checkpoint.get(binding.name),
+                self.config.transaction.max_documents,
+                f"{StagingArea.spool(self.writer, epoch)}/{binding.name}.jsonl",
+                **({"until": until.get(binding.name)} if until is not None else {}),
+            )
+            if batch is not None:
+                batches[binding.name] = batch
+                read = {"epoch": epoch, "binding": binding.name, "seconds": time.monotonic() - began, "at": at}
+                if batch.verify is not None:
+                    # Its count is known once staged: the event is sent by verify.
+                    self._unread[binding.name] = read
+                else:
+                    self._read_event(batch, read)
+        return batches
+
+    def prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
+        """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""
+        if not self.config.transaction.pipelined:
+            return {}
+        prestaged = {}
+        with _explained(batches):
+            for name, batch in batches.items():
+                binding = self.config.binding(name)
+                if reductions.independent_of_table(binding):
+                    rows = reductions.reduce(batch.documents, None, binding)
+                    self.driver.prestage(Store(binding=name, documents=rows), epoch)
+                    prestaged[name] = rows
+        return prestaged
+
+    def stage(
+        self,
+        epoch: int,
+        batches: dict[str, SourceBatch],
+        runtime_checkpoint: dict[str, Any],
+        rewind: dict[str, Any],
+        *,
+        prestaged: "dict[str, DataFrame] | None" = None,
+        only: "set[str] | None" = None,
+    ) -> StartedCommit:
+        """After Acknowledged: Load* / Flush, Store*, StartCommit, verify. ``only``: the bindings to
+        stage (recover's re-staging; None: every binding with a batch)."""
+        from pyspark.sql import functions as F
+
+        names = [name for name in batches if only is None or name in only]
+        prestaged = prestaged or {}
+        with _explained(batches):
+            # --- Load / Flush / Loaded / Flushed ---
+            for name in names:
+                binding = self.config.binding(name)
+                if binding.needs_loads:
+                    keys = batches[name].documents.select(*[F.col(quote(k)) for k in binding.key])
+                    self.driver.load(Load(binding=name, keys=keys))
+            flushed = self.driver.flush(Flush())
+            loaded = {item.binding: item.rows for item in flushed.loaded}
+
+            # --- Store ---
+            for name in names:
+                batch = batches[name]
+                rows = prestaged.get(name)
+                if rows is None:
+                    rows = reductions.reduce(batch.documents, loaded.get(name), self.config.binding(name))
+                self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
+
+            # --- StartCommit / StartedCommit ---
+            started = self.driver.start_commit(StartCommit(epoch=epoch, runtime_checkpoint=runtime_checkpoint, rewind=rewind))
+        self.verify(batches, started)
+        self.staging_area.delete_spool(self.writer, epoch)
+        return started
+
+    def verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
+        """The checks a source deferred to the staging job, now that it has run: a refusal deletes
+        the epoch's staged files (no entry references them) and commits nothing."""
+        try:
+            for batch in batches.values():
+                if batch.verify is not None:
+                    batch.count = batch.verify()
+        except BaseException:
+            self.staging_area.discard(started.driver_checkpoint.staged.values())
+            raise
+        finally:
+            unread, self._unread = self._unread, {}
+        for name, read in unread.items():
+            self._read_event(batches[name], read)
+
+    def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
+        self.collector.event(
+            "read",
+            **read,
+            documents=batch.count,
+            extent=batch.description,
+            # Optional fields of SourceBatch (a source that does not know leaves them out).
+            bytes=getattr(batch, "bytes", None),
+            lag=getattr(batch, "lag", None),
+            dead_letters=getattr(batch, "rejected_count", 0),
+        )
+
+
+def advanced(checkpoint: dict[str, Any], batches: dict[str, SourceBatch]) -> dict[str, Any]:
+    """The runtime checkpoint after ``batches``: each read binding's new position, the others' as they were."""
+    return {**checkpoint, **{name: batch.checkpoint for name, batch in batches.items()}}
+
+
 class Runtime:
-    def __init__(self, config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: "SparkSession",
+        collector: Collector | None = None,
+        *,
+        driver: Driver | None = None,
+        sources: "dict[str, Source] | None" = None,
+    ) -> None:
+        """``driver``, ``sources``: others than the Delta driver and the configured sources (tests)."""
         self.config = config
         self.spark = spark
         # Every consumer also gets one `progress` record per applied epoch, folded from the events.
@@ -99,23 +287,20 @@ class Runtime:
         self.staging = open_store(config.staging_root)
         self.staging_area = StagingArea.of(config, self.staging)
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
-        self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
-        self.sources = {b.name: open_source(b, self.staging) for b in config.bindings}
+        self.driver: Driver = driver or DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
+        self.sources = sources if sources is not None else {b.name: open_source(b, self.staging) for b in config.bindings}
         for source in self.sources.values():
-            source.defer_checks = True  # _verify runs their deferred checks before each commit
-        self._unread: dict[str, dict[str, Any]] = {}
-        """Read events of batches whose checks run with their staging (sent once verified)."""
+            source.defer_checks = True  # the stager's verify runs their deferred checks before each commit
+        self.stager = EpochStager(config, spark, self.driver, self.sources, self.staging_area, self.log.writer, self.collector)
         for binding in config.bindings:
             if binding.mode == "standard":
                 reductions.check_supported(binding)
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
-        from pyspark.sql import functions as F
-
         started = time.monotonic()
         # Before the log is opened (so a wrong configuration fences no running writer).
         self.driver.validate()
-        # --- Open ---
+        # --- Open / Opened: the fencing entry; the driver checks the tables, deletes orphans ---
         state = self.log.open()
         epoch = state.last_epoch
         last = _renamed(state.last_commit, self.config)
@@ -130,123 +315,52 @@ class Runtime:
 
         pending: DriverCheckpoint | None = driver_checkpoint
         current: EpochSummary | None = None
-        applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
-        acking: Future[Acknowledged] | None = None
-
-        def acknowledge(epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
-            began = time.monotonic()
-            try:
-                result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
-            except Exception as exc:
-                # A zombie (paused, then resumed) finds its staged files deleted by the newer
-                # writer that applied them: say it is fenced, not what Spark saw.
-                self.log.check_not_fenced(epoch, cause=exc)
-                if isinstance(exc, ApplyError):
-                    # Stuck: recorded so `status` can say which epoch, binding and error.
-                    self.log.record_failure(exc.epoch, exc.binding, str(exc))
-                raise
-            if first:
-                self.log.clear_failures(epoch)
-            # Sent from the applying thread, so its time is when the apply ended, not when the
-            # runtime next looked.
-            self.collector.event("acknowledged", epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now())
-            return result
-
-        def acknowledged() -> None:
-            """Wait for the running Acknowledge; its error, if any, is raised here."""
-            nonlocal acking
-            if acking is None:
-                return
-            future, acking = acking, None
-            result = future.result()
-            if current is None:
-                summary.reapplied = result
-            else:
-                current.acknowledged = result
-
+        applier = BackgroundApply(self._acknowledge, pipelined=self.config.transaction.pipelined)
         try:
             while True:
-                # --- Acknowledge (in the background unless pipelining is off) ---
+                # --- Acknowledge epoch N (on the first loop: the re-apply after Open) ---
                 if pending is not None:
-                    acking = applier.submit(acknowledge, epoch, pending, current is None)
+                    report = _into(summary, "reapplied") if current is None else _into(current, "acknowledged")
+                    applier.start(epoch, pending, first=current is None, report=report)
                     pending = None
-                    if not self.config.transaction.pipelined:
-                        acknowledged()
-                if (max_epochs is not None and len(summary.epochs) >= max_epochs) or (
-                    should_stop is not None and should_stop()
-                ):
-                    acknowledged()
+                if (max_epochs is not None and len(summary.epochs) >= max_epochs) or (should_stop is not None and should_stop()):
+                    applier.wait()
                     break
 
-                # --- read the next transaction, while epoch N is applied ---
+                # --- read epoch N+1, while N is applied ---
                 next_epoch = epoch + 1
                 try:
-                    batches = self._read(next_epoch, runtime_checkpoint)
+                    batches = self.stager.read(next_epoch, runtime_checkpoint)
                     staging_began = time.monotonic()
-                    with _explained(batches):
-                        prestaged = self._prestage(next_epoch, batches)
+                    prestaged = self.stager.prestage(next_epoch, batches)
                     stage_seconds = time.monotonic() - staging_began
                 except BaseException:
                     # Epoch N is committed: finish applying it before reporting the read's error
                     # (an error of the apply, a fence say, is the one raised then).
-                    acknowledged()
+                    applier.wait()
                     raise
                 # --- Acknowledged ---
-                acknowledged()
+                applier.wait()
                 if not batches:
                     if not follow:
                         break
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
 
+                # --- Load* / Flush, Store*, StartCommit -> StartedCommit ---
                 staging_began = time.monotonic()
-                new_checkpoint = dict(runtime_checkpoint)
-                for name, batch in batches.items():
-                    new_checkpoint[name] = batch.checkpoint
-                with _explained(batches):
-                    # --- Load / Flush / Loaded / Flushed ---
-                    for name, batch in batches.items():
-                        binding = self.config.binding(name)
-                        if binding.needs_loads:
-                            keys = batch.documents.select(*[F.col(quote(k)) for k in binding.key])
-                            self.driver.load(Load(binding=name, keys=keys))
-                    flushed = self.driver.flush(Flush())
-                    loaded = {item.binding: item.rows for item in flushed.loaded}
-
-                    # --- Store ---
-                    for name, batch in batches.items():
-                        binding = self.config.binding(name)
-                        rows = prestaged.get(name)
-                        if rows is None:
-                            rows = reductions.reduce(batch.documents, loaded.get(name), binding)
-                        self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
-
-                    # --- StartCommit / StartedCommit ---
-                    started_commit = self.driver.start_commit(
-                        StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
-                    )
-                self._verify(batches, started_commit)
-                self.staging_area.delete_spool(self.log.writer, next_epoch)
+                new_checkpoint = advanced(runtime_checkpoint, batches)
+                started_commit = self.stager.stage(
+                    next_epoch, batches, new_checkpoint, rewind=runtime_checkpoint, prestaged=prestaged
+                )
                 stage_seconds += time.monotonic() - staging_began
                 crash.crash_point("after-started-commit", next_epoch)
 
-                # --- commit to the recovery log ---
-                def mid_commit(e: int = next_epoch) -> None:
-                    crash.crash_point("mid-log-commit", e)
-
+                # --- commit entry N+1 = {runtime checkpoint, driver checkpoint} to the recovery log ---
                 committing = time.monotonic()
-                try:
-                    self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
-                except FencedError:
-                    # Not committed, so our staged files are nobody's: remove them before stopping.
-                    self.staging_area.discard(started_commit.driver_checkpoint.staged.values())
-                    raise
-                # crash here leaves the entry committed but unapplied: the next Open re-applies it
-                crash.crash_point("after-log-commit", next_epoch)
+                self._log_commit(next_epoch, new_checkpoint, started_commit)
                 log_commit_seconds = time.monotonic() - committing
-                epoch = next_epoch
-                runtime_checkpoint = new_checkpoint
-                pending = started_commit.driver_checkpoint
+                epoch, runtime_checkpoint, pending = next_epoch, new_checkpoint, started_commit.driver_checkpoint
                 current = EpochSummary(
                     epoch=epoch,
                     documents={n: b.count for n, b in batches.items()},
@@ -268,17 +382,11 @@ class Runtime:
         except Exception as exc:
             # A zombie (paused while reading epoch N+1, resumed after a newer run's Open deleted
             # its spool) fails on vanished files: say it is fenced, not what Spark saw.
-            if acking is None:
+            if not applier.running:
                 self.log.check_not_fenced(epoch, cause=exc, doing=f"reading epoch {epoch + 1}")
             raise
         finally:
-            if acking is not None:
-                # Leaving on an error: let the running apply finish (a committed epoch), quietly.
-                try:
-                    acking.result()
-                except BaseException:  # noqa: BLE001 - the error already being raised wins
-                    pass
-            applier.shutdown(wait=True)
+            applier.close()
             # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
             self.driver.discard_prestaged()
             # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
@@ -288,72 +396,46 @@ class Runtime:
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _read(self, epoch: int, checkpoint: dict[str, Any]) -> dict[str, SourceBatch]:
-        batches = {}
-        self._unread = {}
-        for binding in self.config.bindings:
-            began, at = time.monotonic(), utc_now()
-            batch = self.sources[binding.name].next_batch(
-                self.spark,
-                checkpoint.get(binding.name),
-                self.config.transaction.max_documents,
-                f"{self._spool(epoch)}/{binding.name}.jsonl",
-            )
-            if batch is not None:
-                batches[binding.name] = batch
-                read = {"epoch": epoch, "binding": binding.name, "seconds": time.monotonic() - began, "at": at}
-                if batch.verify is not None:
-                    # Its count is known once staged: the event is sent by _verify.
-                    self._unread[binding.name] = read
-                else:
-                    self._read_event(batch, read)
-        return batches
-
-    def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
-        self.collector.event(
-            "read",
-            **read,
-            documents=batch.count,
-            extent=batch.description,
-            # Optional fields of SourceBatch (a source that does not know leaves them out).
-            bytes=getattr(batch, "bytes", None),
-            lag=getattr(batch, "lag", None),
-            dead_letters=getattr(batch, "rejected_count", 0),
-        )
-
-    def _verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
-        """The checks a source deferred to the staging job, now that it has run: a refusal deletes
-        the epoch's staged files (no entry references them) and commits nothing."""
+    def _acknowledge(self, epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
+        """Acknowledge -> Acknowledged, on the apply thread; an apply's failure recorded for `status`."""
+        began = time.monotonic()
         try:
-            for batch in batches.values():
-                if batch.verify is not None:
-                    batch.count = batch.verify()
-        except BaseException:
+            result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
+        except Exception as exc:
+            # A zombie (paused, then resumed) finds its staged files deleted by the newer
+            # writer that applied them: say it is fenced, not what Spark saw.
+            self.log.check_not_fenced(epoch, cause=exc)
+            if isinstance(exc, ApplyError):
+                # Stuck: recorded so `status` can say which epoch, binding and error.
+                self.log.record_failure(exc.epoch, exc.binding, str(exc))
+            raise
+        if first:
+            self.log.clear_failures(epoch)
+        # Sent from the applying thread, so its time is when the apply ended, not when the
+        # runtime next looked.
+        self.collector.event("acknowledged", epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now())
+        return result
+
+    def _log_commit(self, epoch: int, runtime_checkpoint: dict[str, Any], started: StartedCommit) -> None:
+        def mid_commit(e: int = epoch) -> None:
+            crash.crash_point("mid-log-commit", e)
+
+        try:
+            self.log.commit(epoch, runtime_checkpoint, started.driver_checkpoint, before_publish=mid_commit)
+        except FencedError:
+            # Not committed, so our staged files are nobody's: remove them before stopping.
             self.staging_area.discard(started.driver_checkpoint.staged.values())
             raise
-        finally:
-            unread, self._unread = self._unread, {}
-        for name, read in unread.items():
-            self._read_event(batches[name], read)
-
-    def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
-        """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""
-        if not self.config.transaction.pipelined:
-            return {}
-        prestaged = {}
-        for name, batch in batches.items():
-            binding = self.config.binding(name)
-            if reductions.independent_of_table(binding):
-                rows = reductions.reduce(batch.documents, None, binding)
-                self.driver.prestage(Store(binding=name, documents=rows), epoch)
-                prestaged[name] = rows
-        return prestaged
-
-    def _spool(self, epoch: int) -> str:
-        return StagingArea.spool(self.log.writer, epoch)
+        # crash here leaves the entry committed but unapplied: the next Open re-applies it
+        crash.crash_point("after-log-commit", epoch)
 
     def _fence_check(self) -> None:
         self.log.check_holding("deleting staged files")
+
+
+def _into(target: Any, attribute: str) -> Callable[[Acknowledged], None]:
+    """Where an Acknowledged is reported: the run's re-apply, or the epoch's summary."""
+    return lambda result: setattr(target, attribute, result)
 
 
 def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:

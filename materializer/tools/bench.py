@@ -591,7 +591,7 @@ def _profile_runtime(profiler: StepProfiler, runtime: Any) -> None:
         profiler.wrap(source, "next_batch", "read: source batch (listing; a Spark check job unless the checks are deferred)")
     profiler.wrap(documents_module._Reader, "check", "read: (inside the above) the Spark job that checks every document and derives the schema (no declared schema)")
     profiler.wrap(runtime.driver, "prestage", "stage: prestage while the previous epoch applies (parse, checks with a declared schema, combine, Parquet)")
-    profiler.wrap(runtime, "_verify", "stage: verify the checks the staging job tallied (no Spark job unless one failed)")
+    profiler.wrap(runtime.stager, "verify", "stage: verify the checks the staging job tallied (no Spark job unless one failed)")
     profiler.wrap(runtime.driver, "start_commit", "stage: StartCommit (type check; Parquet write unless prestaged)")
     profiler.wrap(runtime.log, "commit", "stage: recovery-log commit")
     profiler.wrap(runtime.driver.staging_area, "read", "apply: staged-file check (listing) and Parquet read")

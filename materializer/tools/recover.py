@@ -40,13 +40,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from materializer import reductions
 from materializer.config import PipelineConfig
 from materializer.delta import TableRef, table_state
 from materializer.driver import DeltaDriver
+from materializer.runtime import EpochStager, advanced
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
-from materializer.protocol import Acknowledge, DriverCheckpoint, Flush, Load, StagedFile, StartCommit, Store
+from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
 from materializer.sources import open_source
 from materializer.staging import StagingArea
@@ -168,16 +168,13 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         expected_end = dict(last.runtime_checkpoint or {})
 
     # --- re-read the epoch's batches (every binding: the new checkpoint needs them all) ---
-    new_checkpoint = dict(rewind)
-    batches = {}
+    # The runtime's own steps (read, Load*/Flush, Store*, StartCommit, verify), for the bindings to re-stage.
+    sources = {b.name: open_source(b, staging) for b in config.bindings}
+    stager = EpochStager(config, spark, driver, sources, driver.staging_area, log.writer, collector)
+    # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
+    batches = stager.read(target, rewind, until=expected_end or {})
     for binding in config.bindings:
-        source = open_source(binding, staging)
-        # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
-        batch = source.next_batch(
-            spark, rewind.get(binding.name), config.transaction.max_documents,
-            f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
-            until=(expected_end or {}).get(binding.name),
-        )
+        batch = batches.get(binding.name)
         if batch is None:
             if binding.name in restage:
                 raise StagingError(
@@ -185,7 +182,6 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
                     "nothing, but the epoch had input: the source changed. Restore the staged file from a backup."
                 )
             continue
-        new_checkpoint[binding.name] = batch.checkpoint
         if expected_end is not None and binding.name in restage and batch.checkpoint != expected_end.get(binding.name):
             raise StagingError(
                 f"epoch {target}, binding {binding.name}: re-reading the source from {rewind.get(binding.name)} ends at "
@@ -193,27 +189,10 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
                 "transaction.max_documents changed since, so the epoch cannot be re-staged exactly. Restore the "
                 "staged file from a backup, or restore the configuration's max_documents."
             )
-        batches[binding.name] = batch
         if binding.name not in restage and ahead:
             keep[binding.name] = None  # that table already records the epoch
-    if expected_end is not None:
-        new_checkpoint = expected_end
-
-    # --- loads, store, stage: the runtime's own steps, for the bindings to re-stage ---
-    for name in sorted(restage):
-        binding = config.binding(name)
-        if name in batches and binding.needs_loads:
-            driver.load(Load(binding=name, keys=batches[name].documents.select(*binding.key)))
-    loaded = {item.binding: item.rows for item in driver.flush(Flush()).loaded}
-    for name in sorted(restage):
-        if name not in batches:
-            continue
-        binding = config.binding(name)
-        driver.store(
-            Store(binding=name, documents=reductions.reduce(batches[name].documents, loaded.get(name), binding), rejected=batches[name].rejected)
-        )
-    started = driver.start_commit(StartCommit(epoch=target, runtime_checkpoint=new_checkpoint, rewind=rewind))
-    staging.delete_prefix(f"spool/recover-epoch-{target:012d}")
+    new_checkpoint = expected_end if expected_end is not None else advanced(rewind, batches)
+    started = stager.stage(target, batches, new_checkpoint, rewind, only=restage)
     staged: dict[str, StagedFile | None] = {}
     for binding in config.bindings:
         if binding.name in restage and binding.name in batches:
