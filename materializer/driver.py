@@ -1,8 +1,12 @@
 """The Delta driver: stage each epoch to Parquet, then idempotently apply it with Delta's txn ids.
 
-Staged files live in the staging store at ``staged/epoch-<epoch>/<binding>-<random>/`` (a Parquet
-dataset written by Spark). The driver checkpoint names each one with its row count, file count
-and byte size. Acknowledge applies them in binding order:
+The driver answers the protocol's messages (validate before Open, open, load, flush, store,
+prestage, start_commit, acknowledge) and delegates: the staged datasets to
+:class:`materializer.staging.StagingArea` (``staged/epoch-<epoch>/<binding>-<random>/``, a Parquet
+dataset written by Spark, named in the driver checkpoint with its row count, file count and byte
+size), the Delta writes to :class:`materializer.merge.DeltaWriter`. What it keeps is the checks:
+the tables against the log at Open, the epoch's rows against the table before StartCommit
+(invariant 9). Acknowledge applies the staged datasets in binding order:
 
 * standard mode: ``MERGE`` by key, ``WHEN MATCHED AND s._op = 'd' THEN DELETE``, ``WHEN MATCHED
   THEN UPDATE`` (the whole row), ``WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT``;

@@ -2,8 +2,9 @@
 
 ::
 
+    validate    the driver checks the configuration (before the log, so nothing is fenced)
     Open        read the log's last commit (epoch N); publish a fencing entry
-    Opened      the driver deletes orphaned staged files
+    Opened      the driver checks the tables against the log, deletes orphaned staged files
     loop:
       Acknowledge N                   apply epoch N, on a background thread (on the first loop:
                                       the re-apply after Open)
@@ -20,6 +21,9 @@ This is seed 000's pipelining: the driver applies epoch N in the background whil
 reads and combines N+1; Flush (so every load) and the log commit of N+1 wait for Acknowledged,
 which keeps loads read-committed and the log one epoch ahead of the tables at most. With
 ``transaction.pipelined: false`` the apply runs in the foreground, before the next read.
+
+:class:`BackgroundApply` is the apply thread; :class:`EpochStager` is one epoch's staging (read,
+Load*/Flush, Store*, StartCommit, verify), which ``recover`` reuses to re-stage a lost epoch.
 """
 
 from __future__ import annotations
