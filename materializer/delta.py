@@ -95,9 +95,11 @@ _CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PR
 def is_commit_conflict(exc: BaseException) -> bool:
     """Did a Delta commit lose to a concurrent one (so reading the table again and retrying helps)?
 
-    By type (``delta.exceptions``, raised by the classic client), or by Delta's error class (what
-    Spark Connect gives), never by words in the message: a message quotes JVM stack frames from
-    ``java.util.concurrent`` whatever the failure was.
+    By type (``delta.exceptions``: the classic client's conversion, and on Spark Connect
+    ``delta.connect.exceptions``' subclasses of the same types, both registered by
+    :class:`materializer.merge.DeltaWriter`), or by Delta's error class (a server error the
+    client maps to no type), never by words in the message: a message quotes JVM stack frames
+    from ``java.util.concurrent`` whatever the failure was.
     """
     try:
         import delta.exceptions as conflicts

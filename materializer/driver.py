@@ -1,8 +1,12 @@
 """The Delta driver: stage each epoch to Parquet, then idempotently apply it with Delta's txn ids.
 
-Staged files live in the staging store at ``staged/epoch-<epoch>/<binding>-<random>/`` (a Parquet
-dataset written by Spark). The driver checkpoint names each one with its row count, file count
-and byte size. Acknowledge applies them in binding order:
+The driver answers the protocol's messages (validate before Open, open, load, flush, store,
+prestage, start_commit, acknowledge) and delegates: the staged datasets to
+:class:`materializer.staging.StagingArea` (``staged/epoch-<epoch>/<binding>-<random>/``, a Parquet
+dataset written by Spark, named in the driver checkpoint with its row count, file count and byte
+size), the Delta writes to :class:`materializer.merge.DeltaWriter`. What it keeps is the checks:
+the tables against the log at Open, the epoch's rows against the table before StartCommit
+(invariant 9). Acknowledge applies the staged datasets in binding order:
 
 * standard mode: ``MERGE`` by key, ``WHEN MATCHED AND s._op = 'd' THEN DELETE``, ``WHEN MATCHED
   THEN UPDATE`` (the whole row), ``WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT``;
@@ -25,38 +29,22 @@ need no loads; nothing is read from a table before Acknowledged.
 from __future__ import annotations
 
 import time
-import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
-from materializer import changes, crash, events
-from materializer.bounds import bound_aggregates, bounds_condition, bounds_from
+from materializer import crash, events
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import (
-    TXN_APP_ID,
-    TXN_VERSION,
-    USER_METADATA,
-    TableRef,
-    detail,
-    exists,
-    is_commit_conflict,
-    quote,
-    read_table,
-    sql_name,
-    table_state,
-    table_version,
-    user_metadata,
-)
+from materializer.delta import TableRef, detail, exists, quote, read_table, table_identity, table_state, table_writers
 from materializer.dead_letters import for_epoch
-from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
-from materializer.layout import create_table_sql, is_already_exists, layout_problems
+from materializer.errors import ConfigError, SourceError, TableStateError
+from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems, layout_problems
 from materializer.widening import widened_schema, widening_enabled
+from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
+from materializer.staging import StagingArea
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
-    ApplyResult,
     Driver,
     DriverCheckpoint,
     Flush,
@@ -77,42 +65,8 @@ from materializer.storage import Store as FileStore
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-STAGED = "staged"
-DEAD_LETTER_SUFFIX = "__dead_letters"
-"""A binding's dead-letter rows are staged (and tagged) under its name with this suffix."""
-MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-"""Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
-source changes between the MERGE's two passes. A staged file never changes (it is written once
-under a unique name and deleted only after the apply), so the copy is pure cost: 'none'."""
-SCRATCH = ("spool", "_tmp")
-"""Scratch folders of the staging store: source spools and files on their way in, per writer."""
-CONCURRENT_RETRIES = 3
-CREATION_WAIT_SECONDS = 120
-"""How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
-
-
-def dataset_of(path: str) -> str:
-    """The staged dataset a staged file belongs to: ``staged/epoch-<epoch>/<binding>-<random>``."""
-    return "/".join(path.split("/")[:3])
-
-
-def open_cleans(staging: FileStore, checkpoint: DriverCheckpoint | None) -> tuple[list[str], list[str]]:
-    """What an Open deletes (files of staged datasets the last committed entry does not reference,
-    every scratch file) and what it keeps (the rest), as listed now. The drill checks with this."""
-    keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
-    keep |= set() if checkpoint is None else {f.uri for f in checkpoint.dead_letters.values()}
-    deleted, kept = [], []
-    for info in staging.list(STAGED):
-        (kept if dataset_of(info.path) in keep else deleted).append(info.path)
-    deleted += [f.path for prefix in SCRATCH for f in staging.list(prefix)]
-    return deleted, kept
-
-
-def is_data_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return not name.startswith(("_", "."))
 
 
 class DeltaDriver(Driver):
@@ -128,6 +82,8 @@ class DeltaDriver(Driver):
         self.spark = spark
         self.config = config
         self.staging = staging
+        self.staging_area = StagingArea.of(config, staging)
+        """Staging, checking and deleting the epochs' datasets (``staging``'s layout)."""
         self.collector = collector or Collector()
         self.fence_check = fence_check or (lambda: None)
         """Raises FencedError if a newer writer holds the log: called after listing what to
@@ -142,39 +98,129 @@ class DeltaDriver(Driver):
         from materializer.spark import isolated_session
 
         self.apply_spark = isolated_session(spark)
-        try:
-            # Installs PySpark's conversion of Delta's conflicts to their Python types (classic
-            # client): imported only when the first one is examined, that one would stay a bare
-            # Py4JJavaError and not be recognised as a conflict (a racing first CREATE meets it).
-            import delta.exceptions  # noqa: F401
-        except ImportError:  # pragma: no cover - delta-spark is a dependency
-            pass
+        self.writer = DeltaWriter(self.apply_spark, config, self.staging_area, self.collector)
+        """The MERGEs and appends of each epoch, in the apply session (:mod:`materializer.merge`)."""
 
     # --- Open ---
 
     def open(self, message: Open) -> Opened:
-        """Delete staged files that no committed entry references (Flink's abort of the in-doubt).
-
-        Safe on a stale view by construction: everything to delete is listed first, then the fence
-        is checked, then only the listed files are deleted. A newer writer that opened before the
-        check has published its fence (so this writer stops here); one that opens after it writes
-        its files after the listing, so none of them is on the list.
-        """
+        """Check that what each table records is ours and agrees with the log, then delete staged
+        files that no committed entry references (Flink's abort of the in-doubt), only while this
+        writer holds the log (:meth:`StagingArea.delete_unreferenced`)."""
+        with self.collector.span("check_tables", message.last_epoch):
+            self._check_tables(message.last_epoch, message.driver_checkpoint)
         if message.driver_checkpoint is not None:
             self._written = set(message.driver_checkpoint.written) | {
                 name for name, f in message.driver_checkpoint.staged.items() if f is not None
             }
-        orphans, _kept = open_cleans(self.staging, message.driver_checkpoint)
-        if orphans:
-            self.fence_check()
-        for path in orphans:
-            self.staging.delete(path)
-        for folder in sorted({dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}) + list(SCRATCH):
-            self.staging.prune_empty(folder)  # not delete_prefix: files listed after the check stay
-        if orphans:
-            datasets = {dataset_of(p) for p in orphans if p.startswith(STAGED + "/")}
-            self.collector.emit(events.OrphansDeleted(files=len(orphans), datasets=len(datasets)))
-        return Opened(orphans_deleted=len(orphans))
+        files, datasets = self.staging_area.delete_unreferenced(message.driver_checkpoint, self.fence_check)
+        if files:
+            self.collector.emit(events.OrphansDeleted(files=files, datasets=datasets))
+        return Opened(orphans_deleted=files)
+
+    # --- before Open, and at Open: the tables against the configuration and the log ---
+
+    def validate(self) -> None:
+        """Before Open (so a wrong configuration fences no running writer): two bindings on one
+        table, and a session default that every table we create would inherit."""
+        self._check_distinct_tables()
+        self._check_retention_default()
+
+    def _check_distinct_tables(self) -> None:
+        """Two bindings on one table, however spelled (DESIGN invariant 10): their MERGEs would carry
+        the same txn id and version, and Delta would skip the second binding's rows."""
+        seen: dict[str, str] = {}
+        for binding in self.config.bindings:
+            identity = table_identity(self.spark, TableRef(binding.table))
+            if identity in seen:
+                raise ConfigError(
+                    f"bindings {seen[identity]!r} and {binding.name!r} write to the same table ({identity}, "
+                    f"spelled {self.config.binding(seen[identity]).table!r} and {binding.table!r}): a table takes one "
+                    "binding, or the second one's rows would be skipped as already applied. Give each binding its "
+                    "own table. Nothing was started."
+                )
+            seen[identity] = binding.name
+
+    def _check_tables(self, last_epoch: int, checkpoint: DriverCheckpoint | None) -> None:
+        """Once per run, before anything is written: what each table records must be ours.
+
+        * a later epoch than the log: the log was lost or swapped;
+        * a table this pipeline wrote rows to that is gone: deleted or moved by someone;
+        * commits of another pipeline or binding, or another writer's txn ids: a rename or a new
+          pipeline_id over existing tables would read the source again and write it twice.
+        """
+        written = set(checkpoint.written) if checkpoint else set()
+        for binding in self.config.bindings:
+            table = TableRef(binding.table)
+            state = table_state(self.spark, table, self.config.pipeline_id)
+            if state.txn_version is not None and state.txn_version > last_epoch:
+                raise TableStateError(
+                    f"table {binding.table} records epoch {state.txn_version} for pipeline "
+                    f"{self.config.pipeline_id!r} but the recovery log {self.config.recovery_log} ends at epoch "
+                    f"{last_epoch}: the log was deleted or replaced. Restore the log, or give the pipeline a "
+                    "new pipeline_id and new tables to start over; nothing was changed."
+                )
+            if not state.exists:
+                if binding.name in written:
+                    raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
+                continue
+            self._check_layout(binding, table)
+            self._check_writers(binding, table)
+
+    def _check_retention_default(self) -> None:
+        """A session default for the txn retention would reach every table we create."""
+        value = self.spark.conf.get(RETENTION_DEFAULT_CONF, None)
+        if value:
+            raise ConfigError(
+                f"the Spark session sets {RETENTION_DEFAULT_CONF} = {value}, which new tables inherit: {RETENTION_WHY}. "
+                "Remove the setting (spark.conf in the configuration, or the cluster's). Nothing was started."
+            )
+
+    def _check_layout(self, binding: BindingConfig, table: TableRef) -> None:
+        """An existing table must keep every txn id, and not contradict the binding's layout."""
+        found = detail(self.spark, table)
+        problems = existing_layout_problems(binding, found) if found is not None else []
+        if problems:
+            raise TableStateError(
+                f"binding {binding.name!r}: table {binding.table} cannot be written as configured: "
+                + "; ".join(problems)
+                + ". Change the table (ALTER TABLE … UNSET TBLPROPERTIES for the retention) or the binding, then run "
+                "again (README: 'Table layout'). Nothing was written."
+            )
+
+    def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
+        pipeline = self.config.pipeline_id
+        ours = {binding.name, *binding.previous_names}
+        writers = table_writers(self.spark, table)
+        first_own = min((first for (p, b), (first, _last) in writers.tags.items() if p == pipeline and b in ours), default=None)
+        foreign: dict[str, int] = {}
+        for (p, b), (_first, last_version) in writers.tags.items():
+            if not (p == pipeline and b in ours):
+                foreign[f"binding {b!r} of pipeline {p!r}" if p != pipeline else f"binding {b!r} of this pipeline"] = last_version
+        for app, last_version in writers.app_ids.items():
+            if app != pipeline and not any(p == app for p, _b in writers.tags):
+                foreign[f"a writer with Delta transaction id {app!r}"] = last_version
+        # Commits before this binding's first one were taken over then (adopt_table, once).
+        foreign = {who: v for who, v in foreign.items() if first_own is None or v > first_own}
+        if not foreign or binding.adopt_table:
+            return
+        who = ", ".join(f"{w} (up to Delta version {v})" for w, v in sorted(foreign.items(), key=lambda i: i[1])[:3])
+        renamed = [b for (p, b) in writers.tags if p == pipeline and b not in ours]
+        hint = (
+            f"If binding {binding.name!r} is binding {renamed[0]!r} renamed, add `previous_names: [{renamed[0]}]` to it: "
+            "its place in the source is taken over and nothing is read twice. "
+            if renamed
+            else ""
+        )
+        raise TableStateError(
+            f"binding {binding.name!r}: table {binding.table} holds commits of {who}"
+            + (", made after this binding's own" if first_own is not None else "")
+            + ". Writing it would re-apply rows that are already there (a new pipeline_id or a renamed binding "
+            "reads its source again from the start) or mix two writers in one table. "
+            + hint
+            + "To write to the table anyway, set `adopt_table: true` on the binding (README: 'Sharing or taking "
+            "over a table'). Nothing was written."
+        )
 
     # --- Acknowledge ---
 
@@ -187,8 +233,8 @@ class DeltaDriver(Driver):
             staged = message.driver_checkpoint.staged[binding.name]
             began = time.monotonic()
             if binding.name in message.driver_checkpoint.truncate:
-                self._truncate(binding, epoch)
-            result = self._apply(binding, epoch, staged)
+                self.writer.truncate(binding, epoch)
+            result = self.writer.apply(binding, epoch, staged)
             results.append(result)
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
             rejected = message.driver_checkpoint.dead_letters.get(binding.name)
@@ -196,7 +242,7 @@ class DeltaDriver(Driver):
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
                 # the table and appends them (their own txn record on the dead-letter table)
                 crash.crash_point("after-apply", epoch)
-                self._apply_dead_letters(binding, epoch, rejected)
+                self.writer.append_dead_letters(binding, epoch, rejected)
             if index < len(self.config.bindings) - 1:
                 # crash here leaves some tables applied and others not: the re-apply skips the former
                 crash.crash_point("after-apply", epoch)
@@ -210,340 +256,14 @@ class DeltaDriver(Driver):
             # whose first Acknowledge finds the epoch applied and deletes them).
             self.fence_check()
         for staged in applied:
-            self._staging_of(staged).delete_prefix(staged.uri)
+            self.staging_area.delete_applied(staged)
         self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
 
-    def _apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
-        table = TableRef(binding.table)
-        app_id = self.config.pipeline_id
-        replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
-        for _attempt in range(CONCURRENT_RETRIES):
-            with self.collector.span("table_state", epoch, binding.name):
-                state = table_state(self.apply_spark, table, app_id)
-            if state.txn_version is not None and state.txn_version >= epoch:
-                # A replay: Delta already records this epoch (or a later one) for the pipeline.
-                return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
-            if staged is None and not state.exists:
-                # Nothing to write and no schema to create the table with: nothing to record.
-                return ApplyResult(binding=binding.name, table=str(table), status="empty")
-            with self.collector.span("read_staged", epoch, binding.name):
-                source = self._read_staged(binding, epoch, staged, state.exists)
-            try:
-                with self._txn(binding, epoch), crash.crash_during_spark_job(
-                    "mid-apply", epoch, self.apply_spark, self._apply_group, watch=table.location if table.is_path else None
-                ), self.collector.span("merge", epoch, binding.name):
-                    metrics = self._commit(
-                        binding, table, epoch, source, state.exists, staged.key_bounds if staged else None,
-                        replace=replace and not state.exists,
-                    )
-            except Exception as exc:  # noqa: BLE001
-                # Delta's conflicts: Concurrent*Exception, and Metadata/ProtocolChangedException,
-                # which a zombie's MERGE meets after the new writer evolved the schema or created
-                # the table: another writer committed meanwhile, so look again.
-                if is_commit_conflict(exc):
-                    continue
-                if is_already_exists(exc):
-                    # The table appeared between our look and our CREATE: fine if it is another
-                    # run of this pipeline (the loop finds the epoch applied, or merges into it);
-                    # another writer's table is not written blindly (README: 'Table layout').
-                    replace = self._check_created_by_us(binding, table, epoch)
-                    continue
-                if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
-                    raise
-                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-            # Only the version, for the report: the txn map would rebuild the snapshot's state.
-            after_version = table_version(self.apply_spark, table)
-            status = "applied" if metrics is not None else "skipped"
-            return ApplyResult(
-                binding=binding.name,
-                table=str(table),
-                status=status if staged is not None or status == "skipped" else "empty",
-                rows=staged.rows if staged else 0,
-                delta_version=after_version,
-                metrics=metrics or {},
-            )
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-
-    def _read_staged(
-        self, binding: BindingConfig, epoch: int, staged: StagedFile | None, table_exists: bool = True
-    ) -> "DataFrame | None":
-        if staged is None:
-            return None
-        store = self._staging_of(staged)
-        files, size = 0, 0
-        for info in store.list(staged.uri):
-            if is_data_file(info.path):
-                files += 1
-                size += info.size
-        if (files, size) != (staged.files, staged.bytes):
-            found = "nothing" if files == 0 else f"{files} files, {size} bytes"
-            if files == 0 and not table_exists:
-                # Staged files are deleted only after every table recorded the epoch: a missing
-                # table with no staged file is most likely a table deleted after the apply.
-                raise TableStateError(
-                    f"epoch {epoch}, binding {binding.name}: table {binding.table} does not exist and epoch "
-                    f"{epoch}'s staged file {self.staging.uri}/{staged.uri} is gone. Either the table was deleted "
-                    f"or moved after epoch {epoch} was applied to it (restore it at {binding.table}, e.g. from a "
-                    "backup, then run again), or the staged file was damaged (run `materializer recover --config F`, "
-                    "README: 'Recovering from damage'). Nothing was changed."
-                )
-            raise StagingError(
-                f"epoch {epoch}, binding {binding.name}: staged file {self.staging.uri}/{staged.uri} is damaged or "
-                f"missing (expected {staged.files} files, {staged.bytes} bytes; found {found}) and the table "
-                f"does not record the epoch yet. Nothing of epoch {epoch} was applied to {binding.table}. "
-                "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
-                "from the source (README: 'Recovering from damage')."
-            )
-        return self.apply_spark.read.parquet(store.spark_path(staged.uri))
-
-    def _staging_of(self, staged: StagedFile) -> FileStore:
-        """The store holding ``staged``: this pipeline's area, or for an entry committed by a version
-        before the per-pipeline areas (an upgrade between its log commit and its apply), the
-        staging folder itself, where that version staged."""
-        if self.staging.list(staged.uri) or self.config.staging_root == self.config.staging:
-            return self.staging
-        from materializer.storage import open_store
-
-        legacy = open_store(self.config.staging)
-        return legacy if legacy.list(staged.uri) else self.staging
-
-    @property
-    def _apply_group(self) -> str:
-        return f"materializer-{self.config.pipeline_id}-apply"
-
     @property
     def _load_group(self) -> str:
         return f"materializer-{self.config.pipeline_id}-load"
-
-    @contextmanager
-    def _txn(self, binding: BindingConfig, epoch: int) -> Iterator[None]:
-        # The txn confs are session-wide: set them on the apply session, around this one commit only.
-        conf = self.apply_spark.conf
-        conf.set(TXN_APP_ID, self.config.pipeline_id)
-        conf.set(TXN_VERSION, str(epoch))
-        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
-        materialize = conf.get(MATERIALIZE_SOURCE, None)
-        conf.set(MATERIALIZE_SOURCE, "none")
-        # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
-        # did, on Spark Connect too (``interruptTag`` stops it).
-        self.apply_spark.addTag(self._apply_group)
-        try:
-            yield
-        finally:
-            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-                conf.unset(key)
-            if materialize is None:
-                conf.unset(MATERIALIZE_SOURCE)
-            else:
-                conf.set(MATERIALIZE_SOURCE, materialize)
-            self.apply_spark.removeTag(self._apply_group)
-
-    def _commit(
-        self,
-        binding: BindingConfig,
-        table: TableRef,
-        epoch: int,
-        source: "DataFrame | None",
-        table_exists: bool,
-        key_bounds: "dict[str, list[str]] | None" = None,
-        replace: bool = False,
-    ) -> dict[str, int] | None:
-        """Make the epoch's one Delta commit; None if Delta skipped it as already applied."""
-        from pyspark.sql import functions as F
-
-        meta = user_metadata(self.config.pipeline_id, binding.name, epoch)
-        if source is not None and not table_exists:
-            return self._create(binding, table, source, epoch, replace=replace)
-        if source is None or binding.mode == "delta_updates":
-            # Appends onto a table that exists: delta-updates rows, or no rows at all, which still
-            # records the epoch on the table (an empty commit carrying the txn id).
-            if source is None:
-                rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
-            else:
-                rows = source
-            current = read_table(self.apply_spark, table).schema
-            rows = _align(rows, self._widened(table, rows, current), keep_extra=True)
-            from pyspark.sql import Observation
-
-            # Counted as the rows are written (no second pass), for the epoch's progress record.
-            counted = Observation(f"appended_{binding.name}_{epoch}_{uuid.uuid4().hex[:6]}")
-            rows = rows.observe(counted, F.count(F.lit(1)).alias("rows"))
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", self.config.pipeline_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", meta)
-                .option("mergeSchema", "true")
-            )
-            before = table_version(self.apply_spark, table)
-            writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            after = table_version(self.apply_spark, table)
-            if after == before:
-                return None  # Delta skipped it (the query never ran: do not wait for its count)
-            try:
-                return {"appended": 1, "num_inserted_rows": int(counted.get["rows"])}
-            except Exception:  # noqa: BLE001 - saveAsTable's first write reports no observed row: count unknown
-                return {"appended": 1}
-
-        target_schema = read_table(self.apply_spark, table).schema
-        aligned = _align(source, self._widened(table, source, target_schema), keep_extra=True)
-        if binding.mode == "scd2":
-            # Every version of the touched keys, from the staged changes and the table's versions
-            # (read by this MERGE's own source, so from the snapshot it commits on).
-            aligned = changes.scd2_versions(aligned, read_table(self.apply_spark, table), binding, epoch)
-        elif binding.change_controlled:
-            aligned = changes.merge_source(aligned, binding)  # the hidden columns, as they are set
-        # Delta's SQL, not the Python DeltaTable API: on Spark Connect that API needs a server
-        # plugin (delta-connect) that servers, Databricks' included, need not have.
-        view = f"materializer_staged_{uuid.uuid4().hex}"
-        aligned.createOrReplaceTempView(view)
-        evolve = ""
-        if _shape(aligned.drop(OP, *changes.staged_only(aligned.columns)).schema) != _shape(target_schema):
-            # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
-            # on a 10M-row table here) even when there is nothing to evolve.
-            evolve = " WITH SCHEMA EVOLUTION"
-        # The epoch's key bounds narrow the target side only: the MERGE has no clause for target
-        # rows the source does not match, so rows outside them were never to be touched.
-        bounds = bounds_condition(key_bounds)
-        if binding.mode == "scd2":
-            merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
-        elif binding.change_controlled:
-            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
-        else:
-            merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds)
-        try:
-            rows = self.apply_spark.sql(merge).collect()
-        finally:
-            self.apply_spark.catalog.dropTempView(view)
-        if not rows:
-            return None  # Delta skipped it: the table already records this epoch
-        return {k: int(v) for k, v in rows[0].asDict().items() if v is not None}
-
-    def _truncate(self, binding: BindingConfig, epoch: int) -> None:
-        """Delete every row of the binding's table in the epoch's tagged commit (``backfill
-        --truncate``); skipped, by us or by Delta, once the table records the epoch."""
-        table = TableRef(binding.table)
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, self.config.pipeline_id)
-            if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
-                return
-            try:
-                with self._txn(binding, epoch):
-                    # An empty table makes no commit: the _apply after this records the epoch.
-                    self.apply_spark.sql(f"DELETE FROM {sql_name(table)}").collect()
-                return
-            except Exception as exc:  # noqa: BLE001
-                if is_commit_conflict(exc):
-                    continue
-                raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-
-    def _apply_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
-        """Append the epoch's rejected documents to the binding's dead-letter table, under the
-        epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
-        assert binding.dead_letters is not None
-        table = TableRef(binding.dead_letters)
-        app_id = self.config.pipeline_id
-        began = time.monotonic()
-        for _attempt in range(CONCURRENT_RETRIES):
-            state = table_state(self.apply_spark, table, app_id)
-            if state.txn_version is not None and state.txn_version >= epoch:
-                result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
-                break
-            rows = self._read_staged(binding, epoch, staged, table_exists=True)
-            assert rows is not None
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", app_id)
-                .option("txnVersion", str(epoch))
-                .option("userMetadata", user_metadata(app_id, binding.name + DEAD_LETTER_SUFFIX, epoch))
-            )
-            try:
-                with self._txn(binding, epoch):
-                    writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
-            except Exception as exc:  # noqa: BLE001
-                if is_commit_conflict(exc):
-                    continue
-                raise ApplyError(_refused(app_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-            result = ApplyResult(
-                binding=binding.name, table=str(table), status="applied", rows=staged.rows,
-                delta_version=table_version(self.apply_spark, table), metrics={"dead_letters": staged.rows},
-            )
-            break
-        else:
-            raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
-        self.collector.emit(events.DeadLettersApplied.of(result, epoch=epoch, seconds=time.monotonic() - began))
-        return result
-
-    def _widened(self, table: TableRef, source: "DataFrame", target_schema: Any) -> Any:
-        """The schema to align the epoch's rows to: the table's, with the columns its type widening
-        widens for these rows (so the MERGE's schema evolution widens them instead of a cast)."""
-        wider, changed = widened_schema(source.schema, target_schema)
-        if not changed:
-            return target_schema  # the usual case: no look at the table's properties
-        found = detail(self.apply_spark, table)
-        return wider if found is not None and widening_enabled(dict(found.get("properties") or {})) else target_schema
-
-    def _check_created_by_us(self, binding: BindingConfig, table: TableRef, epoch: int) -> bool:
-        """After a CREATE found the table there: True when the location holds only what a killed
-        CREATE left (files, no commit, none for CREATION_WAIT_SECONDS), which the next CREATE may
-        replace; False when the table is this pipeline's (or adopted) and the caller looks again."""
-        # The other CREATE may still be writing its files (Spark calls the table existing once
-        # its folder does): wait for its commit before judging whose table it is.
-        deadline = time.monotonic() + CREATION_WAIT_SECONDS
-        state = table_state(self.apply_spark, table, self.config.pipeline_id)
-        while not state.exists:
-            if time.monotonic() > deadline:
-                if table.is_path:
-                    # A CREATE killed before its commit (a drill's SIGKILL in the first epoch's
-                    # apply found it) leaves data files and an empty _delta_log that make every
-                    # later CREATE fail as "already exists": without a commit no reader sees them,
-                    # so the retry creates with CREATE OR REPLACE, whose commit 0 is put-if-absent
-                    # (a writer that commits first makes it a conflict, and the loop looks again).
-                    return True
-                raise StagingError(
-                    f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
-                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
-                )
-            time.sleep(0.5)
-            state = table_state(self.apply_spark, table, self.config.pipeline_id)
-        if binding.adopt_table or state.txn_version is not None:
-            return False
-        raise TableStateError(
-            f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
-            f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
-            "Nothing was written to it. If the table is meant for this binding, set `adopt_table: true` on the binding "
-            "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
-        )
-
-    def _create(
-        self, binding: BindingConfig, table: TableRef, source: "DataFrame", epoch: int, replace: bool = False
-    ) -> dict[str, int]:
-        """Create the table with the epoch's rows and the binding's layout, in the epoch's tagged
-        commit (the txn confs are set around this call). Raises Spark's "already exists" if the
-        table is there by now: the caller reads it again and merges (never a blind append)."""
-        from pyspark.sql import functions as F
-
-        if binding.mode == "delta_updates":
-            rows = source
-        elif binding.change_controlled:
-            rows = changes.first_rows(source, binding, epoch)  # tombstones, soft deletes, scd2 versions
-        else:
-            rows = source.filter(F.col(OP) != "d").drop(OP)
-        view = f"materializer_new_{uuid.uuid4().hex}"
-        rows.createOrReplaceTempView(view)
-        try:
-            self.apply_spark.sql(create_table_sql(sql_name(table), view, binding, rows.columns, replace=replace))
-        finally:
-            self.apply_spark.catalog.dropTempView(view)
-        # The CTAS returns no metrics; its history entry has them (one command, no Spark job).
-        found = self.apply_spark.sql(f"DESCRIBE HISTORY {sql_name(table)} LIMIT 1").select("operationMetrics").collect()
-        written = (found[0]["operationMetrics"] or {}).get("numOutputRows") if found else None
-        return {"appended": 1, "created": 1, **({"num_inserted_rows": int(written)} if written is not None else {})}
 
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
         """The target's schema, constraints and column mapping as they stand now (None: no table)."""
@@ -624,7 +344,7 @@ class DeltaDriver(Driver):
                                   column.isNotNull() & column.try_cast(field.dataType).isNull()))
         checks = narrowing
         if not narrowing or not self._violation(binding, rows, narrowing):
-            aligned = _align(rows, facts.schema, keep_extra=True)
+            aligned = align(rows, facts.schema, keep_extra=True)
             checks = [
                 (f"NOT NULL column {f.name!r} would be NULL", F.col(quote(f.name)).isNull())
                 for f in facts.schema.fields
@@ -718,9 +438,7 @@ class DeltaDriver(Driver):
     def discard_prestaged(self) -> None:
         """Delete staged files of a transaction that will not be committed (best effort)."""
         prestaged, self._prestaged = self._prestaged, {}
-        for _rows, staged in prestaged.values():
-            if staged is not None:
-                self.staging.delete_prefix(staged.uri)
+        self.staging_area.discard(staged for _rows, staged in prestaged.values())
 
     def start_commit(self, message: StartCommit) -> StartedCommit:
         epoch = message.epoch
@@ -739,8 +457,7 @@ class DeltaDriver(Driver):
                 if early is not None and early[0] is not df:
                     # Stored rows other than the prestaged ones: the early file is not this epoch's.
                     self._prestaged.pop(binding.name)
-                    if early[1] is not None:
-                        self.staging.delete_prefix(early[1].uri)
+                    self.staging_area.discard([early[1]])
                     early = None
                 if df is None:
                     staged[binding.name] = None
@@ -756,9 +473,7 @@ class DeltaDriver(Driver):
         except BaseException:
             self.discard_prestaged()
             self._rejected = {}
-            for file in [*staged.values(), *dead.values()]:
-                if file is not None:
-                    self.staging.delete_prefix(file.uri)
+            self.staging_area.discard([*staged.values(), *dead.values()])
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
@@ -768,94 +483,8 @@ class DeltaDriver(Driver):
             )
         )
 
-    def _stage(self, binding: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
-        """Write one binding's rows as a uniquely named Parquet dataset; None if there are none."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
-        path = f"{STAGED}/epoch-{epoch:012d}/{binding}-{uuid.uuid4().hex[:12]}"
-        observation = Observation(f"staged_{binding}_{epoch}_{uuid.uuid4().hex[:6]}")
-        df = _without_void(df)
-        # The key bounds are observed on the same write (no second pass): the MERGE skips by them.
-        key = self.config.binding(binding).key if key is None else key
-        bounds, kinds = bound_aggregates(df.schema, key)
-        df.observe(observation, F.count(F.lit(1)).alias("rows"), *bounds).write.mode("error").parquet(
-            self.staging.spark_path(path)
-        )
-        observed = observation.get
-        rows = int(observed["rows"])
-        data = [f for f in self.staging.list(path) if is_data_file(f.path)]
-        if rows == 0:
-            self.staging.delete_prefix(path)
-            return None
-        return StagedFile(
-            uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
-            key_bounds=bounds_from(observed, key, kinds) or None,
-        )
-
-
-def merge_sql(
-    target: str, source_view: str, key: list[str], columns: list[str], evolve: str = "", target_filter: str = ""
-) -> str:
-    """The standard-mode MERGE: delete on a delete flag, else update the whole row or insert it.
-
-    ``target_filter``: `` AND …`` predicates on the target alone (the epoch's key bounds,
-    :func:`materializer.bounds.bounds_condition`) that Delta uses to skip files."""
-
-    def q(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
-    condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key) + target_filter
-    # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
-    updates = ", ".join(f"{q(c)} = s.{q(c)}" for c in columns)
-    names = ", ".join(q(c) for c in columns)
-    values = ", ".join(f"s.{q(c)}" for c in columns)
-    return (
-        f"MERGE{evolve} INTO {target} t USING {q(source_view)} s ON {condition} "
-        f"WHEN MATCHED AND s.{q(OP)} = 'd' THEN DELETE "
-        f"WHEN MATCHED THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND s.{q(OP)} <> 'd' THEN INSERT ({names}) VALUES ({values})"
-    )
-
-
-def _void_as_string(dtype: Any) -> Any:
-    """``dtype`` with every VOID (NullType) inside it made STRING; None if it holds no VOID."""
-    from pyspark.sql.types import ArrayType, MapType, NullType, StringType, StructField, StructType
-
-    if isinstance(dtype, NullType):
-        return StringType()
-    if isinstance(dtype, StructType):
-        fields = [_void_as_string(f.dataType) for f in dtype.fields]
-        if all(f is None for f in fields):
-            return None
-        return StructType(
-            [StructField(f.name, new or f.dataType, f.nullable) for f, new in zip(dtype.fields, fields)]
-        )
-    if isinstance(dtype, ArrayType):
-        element = _void_as_string(dtype.elementType)
-        return None if element is None else ArrayType(element, dtype.containsNull)
-    if isinstance(dtype, MapType):
-        value = _void_as_string(dtype.valueType)
-        return None if value is None else MapType(dtype.keyType, value, dtype.valueContainsNull)
-    return None
-
-
-def _without_void(df: "DataFrame") -> "DataFrame":
-    """Parquet cannot hold a VOID column (a field NULL in the whole epoch, inside a struct): stage
-    it as a STRING column of NULLs, which the MERGE's alignment casts to the table's type."""
-    from pyspark.sql import functions as F
-
-    changed = {f.name: _void_as_string(f.dataType) for f in df.schema.fields}
-    if all(t is None for t in changed.values()):
-        return df
-    return df.select(
-        *[F.col(quote(name)).cast(t).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
-    )
-
-
-def _shape(schema: Any) -> list[tuple[str, str]]:
-    """Column names and types, nullability aside: equal shapes need no schema evolution."""
-    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    def _stage(self, name: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
+        return self.staging_area.stage(name, epoch, df, self.config.binding(name).key if key is None else key)
 
 
 CONSTRAINT_PREFIX = "delta.constraints."
@@ -976,55 +605,11 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
     )
 
 
-def _cause(exc: BaseException) -> str:
-    """The line of a Spark failure that says what went wrong, without the JVM stack."""
-    text = str(exc).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    caused = [line for line in lines if line.startswith("Caused by:")]
-    if caused:
-        line = caused[-1][len("Caused by:") :].strip()
-    else:
-        line = next((l for l in lines if "[" in l and not l.startswith("at ")), lines[0] if lines else type(exc).__name__)
-    line = line.lstrip(": ")
-    if ": [" in line and line.split(": [", 1)[0].count(".") > 1:
-        line = "[" + line.split(": [", 1)[1]  # drop the Java class name before Spark's error class
-    return line[:500]
-
-
-def _refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseException) -> str:
+def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:
     return (
-        f"epoch {epoch}, binding {binding.name}: Delta refused to apply the epoch to table {binding.table}: "
-        f"{_cause(exc)}. Nothing of epoch {epoch} was applied to {binding.table}; the epoch stays committed, so "
-        "every run stops here until it is applied. Fix the table (for example drop or relax the constraint the "
-        "rows break), then run again; or set the epoch's rows for this table aside, kept in a file, with "
-        f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (README: 'Stuck epochs')."
+        f"binding {binding!r}: table {table} does not exist, but pipeline {pipeline!r} has applied rows to it "
+        f"(the recovery log is at epoch {last_epoch}): the table was deleted or moved. Restore it at {table} (from "
+        "a backup or the moved folder) and run again; or, to rebuild it from the source, start the pipeline over "
+        "with a new pipeline_id, recovery_log and staging (the other tables then need `adopt_table: true`). "
+        "Nothing was written."
     )
-
-
-def _align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
-    """Give ``df`` the table's columns and types: missing ones as NULL, new ones kept at the end."""
-    from pyspark.sql import functions as F
-
-    from pyspark.sql.types import ArrayType, StructType
-
-    from materializer.reductions import conform, unify_types
-
-    present = {f.name: f.dataType for f in df.schema.fields}
-    columns = []
-    for field in schema.fields:
-        if field.name in present:
-            column = F.col(quote(field.name))
-            source = present[field.name]
-            if isinstance(field.dataType, (StructType, ArrayType)):
-                # A plain cast maps struct sub-fields by position and would put values in the
-                # wrong sub-field: conform by name, keeping sub-fields the documents add.
-                target = (unify_types(field.dataType, source) if keep_extra else None) or field.dataType
-                columns.append(conform(column, source, target).alias(field.name))
-            else:
-                columns.append(column.cast(field.dataType).alias(field.name))
-        else:
-            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
-    known = {f.name for f in schema.fields}
-    if keep_extra:
-        columns += [F.col(quote(c)) for c in df.columns if c not in known]
-    return df.select(*columns)

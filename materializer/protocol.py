@@ -152,9 +152,14 @@ class StartedCommit(Model):
 class Driver(ABC):
     """A materialization driver following the "Recovery Log with Idempotent Apply" pattern."""
 
+    def validate(self) -> None:  # noqa: B027 - optional
+        """Before Open, so a wrong configuration fences no running writer: the checks of the
+        configuration against the session and the catalog that need no recovery log."""
+
     @abstractmethod
     def open(self, message: Open) -> Opened:
-        """Connect; delete staged files that no committed entry references."""
+        """Connect; check the tables against the last committed entry; delete staged files that no
+        committed entry references."""
 
     @abstractmethod
     def acknowledge(self, message: Acknowledge) -> Acknowledged:

@@ -2,8 +2,9 @@
 
 ::
 
+    validate    the driver checks the configuration (before the log, so nothing is fenced)
     Open        read the log's last commit (epoch N); publish a fencing entry
-    Opened      the driver deletes orphaned staged files
+    Opened      the driver checks the tables against the log, deletes orphaned staged files
     loop:
       Acknowledge N                   apply epoch N, on a background thread (on the first loop:
                                       the re-apply after Open)
@@ -20,6 +21,9 @@ This is seed 000's pipelining: the driver applies epoch N in the background whil
 reads and combines N+1; Flush (so every load) and the log commit of N+1 wait for Acknowledged,
 which keeps loads read-committed and the log one epoch ahead of the tables at most. With
 ``transaction.pipelined: false`` the apply runs in the foreground, before the next read.
+
+:class:`BackgroundApply` is the apply thread; :class:`EpochStager` is one epoch's staging (read,
+Load*/Flush, Store*, StartCommit, verify), which ``recover`` reuses to re-stage a lost epoch.
 """
 
 from __future__ import annotations
@@ -31,15 +35,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from materializer import crash, events, reductions
-from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, detail, quote, table_identity, table_state, table_writers
+from materializer.config import PipelineConfig
+from materializer.delta import quote
 from materializer.driver import DeltaDriver
-from materializer.errors import ApplyError, ConfigError, FencedError, TableStateError
-from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems
+from materializer.errors import ApplyError, FencedError
 from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
+    Driver,
     DriverCheckpoint,
     Flush,
     Load,
@@ -49,7 +53,8 @@ from materializer.protocol import (
     Store,
 )
 from materializer.recovery_log import LogEntry, RecoveryLog
-from materializer.sources import SourceBatch, open_source
+from materializer.sources import Source, SourceBatch, open_source
+from materializer.staging import StagingArea
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
@@ -108,211 +113,76 @@ def _explained(batches: dict[str, SourceBatch]) -> Iterator[None]:
         raise
 
 
-class Runtime:
-    def __init__(self, config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> None:
+class BackgroundApply:
+    """Acknowledge on a thread of its own (seed 000's pipelining): epoch N is applied while the
+    runtime reads N+1. At most one apply is under way; :meth:`wait` is the Acknowledged.
+    Not pipelined (``transaction.pipelined: false``), :meth:`start` waits for the apply itself."""
+
+    def __init__(self, acknowledge: Callable[[int, DriverCheckpoint, bool], Acknowledged], *, pipelined: bool) -> None:
+        self._acknowledge = acknowledge
+        self._pipelined = pipelined
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
+        self._running: tuple[Future[Acknowledged], Callable[[Acknowledged], None]] | None = None
+
+    @property
+    def running(self) -> bool:
+        """An Acknowledge was started and not waited for."""
+        return self._running is not None
+
+    def start(self, epoch: int, checkpoint: DriverCheckpoint, *, first: bool, report: Callable[[Acknowledged], None]) -> None:
+        """Acknowledge ``epoch``; ``report`` gets its Acknowledged when it is waited for."""
+        assert self._running is None, "one apply at a time (DESIGN invariant 2)"
+        self._running = (self._executor.submit(self._acknowledge, epoch, checkpoint, first), report)
+        if not self._pipelined:
+            self.wait()
+
+    def wait(self) -> None:
+        """Acknowledged: wait for the running Acknowledge, if any; its error, if any, is raised here."""
+        if self._running is None:
+            return
+        (future, report), self._running = self._running, None
+        report(future.result())
+
+    def close(self) -> None:
+        """Leaving (on an error too): let a running apply finish (a committed epoch), quietly."""
+        if self._running is not None:
+            future, self._running = self._running[0], None
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the error already being raised wins
+                pass
+        self._executor.shutdown(wait=True)
+
+
+class EpochStager:
+    """Stage one epoch, the runtime's way and ``recover``'s: read the sources' batches, then
+    Load* / Flush, Store*, StartCommit, and verify what the sources deferred to the staging job.
+    What it returns is ready for the recovery log; committing it is the caller's."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: "SparkSession",
+        driver: Driver,
+        sources: "dict[str, Source]",
+        staging_area: StagingArea,
+        writer: str,
+        collector: Collector,
+    ) -> None:
         self.config = config
         self.spark = spark
-        # Every consumer also gets one `progress` record per applied epoch, folded from the events.
-        self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
-        self.staging = open_store(config.staging_root)
-        self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
-        self.driver = DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
-        self.sources = {b.name: open_source(b, self.staging) for b in config.bindings}
-        for source in self.sources.values():
-            source.defer_checks = True  # _verify runs their deferred checks before each commit
+        self.driver = driver
+        self.sources = sources
+        self.staging_area = staging_area
+        self.writer = writer
+        """The log writer's id: names this writer's spool."""
+        self.collector = collector
         self._unread: dict[str, dict[str, Any]] = {}
         """Read events of batches whose checks run with their staging (sent once verified)."""
-        for binding in config.bindings:
-            if binding.mode == "standard":
-                reductions.check_supported(binding)
 
-    def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
-        from pyspark.sql import functions as F
-
-        started = time.monotonic()
-        # Before the log is opened (so a wrong configuration fences no running writer).
-        self._check_distinct_tables()
-        self._check_retention_default()
-        # --- Open ---
-        state = self.log.open()
-        epoch = state.last_epoch
-        last = _renamed(state.last_commit, self.config)
-        summary = RunSummary(pipeline_id=self.config.pipeline_id, opened_at_epoch=epoch)
-        self.collector.emit(events.Opened(pipeline=self.config.pipeline_id, epoch=epoch, writer=self.log.writer))
-        with self.collector.span("check_tables", epoch):
-            self._check_tables(epoch, last)
-        driver_checkpoint = last.driver_checkpoint if last else None
-        opened = self.driver.open(Open(pipeline_id=self.config.pipeline_id, last_epoch=epoch, driver_checkpoint=driver_checkpoint))
-        summary.orphans_deleted = opened.orphans_deleted
-        runtime_checkpoint: dict[str, Any] = dict(
-            opened.runtime_checkpoint or (last.runtime_checkpoint if last and last.runtime_checkpoint else {})
-        )
-
-        pending: DriverCheckpoint | None = driver_checkpoint
-        current: EpochSummary | None = None
-        applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="materializer-apply")
-        acking: Future[Acknowledged] | None = None
-
-        def acknowledge(epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
-            began = time.monotonic()
-            try:
-                result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
-            except Exception as exc:
-                # A zombie (paused, then resumed) finds its staged files deleted by the newer
-                # writer that applied them: say it is fenced, not what Spark saw.
-                self.log.check_not_fenced(epoch, cause=exc)
-                if isinstance(exc, ApplyError):
-                    # Stuck: recorded so `status` can say which epoch, binding and error.
-                    self.log.record_failure(exc.epoch, exc.binding, str(exc))
-                raise
-            if first:
-                self.log.clear_failures(epoch)
-            # Sent from the applying thread, so its time is when the apply ended, not when the
-            # runtime next looked.
-            self.collector.emit(events.Acknowledged(epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now()))
-            return result
-
-        def acknowledged() -> None:
-            """Wait for the running Acknowledge; its error, if any, is raised here."""
-            nonlocal acking
-            if acking is None:
-                return
-            future, acking = acking, None
-            result = future.result()
-            if current is None:
-                summary.reapplied = result
-            else:
-                current.acknowledged = result
-
-        try:
-            while True:
-                # --- Acknowledge (in the background unless pipelining is off) ---
-                if pending is not None:
-                    acking = applier.submit(acknowledge, epoch, pending, current is None)
-                    pending = None
-                    if not self.config.transaction.pipelined:
-                        acknowledged()
-                if (max_epochs is not None and len(summary.epochs) >= max_epochs) or (
-                    should_stop is not None and should_stop()
-                ):
-                    acknowledged()
-                    break
-
-                # --- read the next transaction, while epoch N is applied ---
-                next_epoch = epoch + 1
-                try:
-                    batches = self._read(next_epoch, runtime_checkpoint)
-                    staging_began = time.monotonic()
-                    with _explained(batches), self.collector.span("prestage", next_epoch):
-                        prestaged = self._prestage(next_epoch, batches)
-                    stage_seconds = time.monotonic() - staging_began
-                except BaseException:
-                    # Epoch N is committed: finish applying it before reporting the read's error
-                    # (an error of the apply, a fence say, is the one raised then).
-                    acknowledged()
-                    raise
-                # --- Acknowledged ---
-                acknowledged()
-                if not batches:
-                    if not follow:
-                        break
-                    time.sleep(self.config.transaction.poll_interval_seconds)
-                    continue
-
-                staging_began = time.monotonic()
-                new_checkpoint = dict(runtime_checkpoint)
-                for name, batch in batches.items():
-                    new_checkpoint[name] = batch.checkpoint
-                with _explained(batches):
-                    # --- Load / Flush / Loaded / Flushed ---
-                    for name, batch in batches.items():
-                        binding = self.config.binding(name)
-                        if binding.needs_loads:
-                            keys = batch.documents.select(*[F.col(quote(k)) for k in binding.key])
-                            self.driver.load(Load(binding=name, keys=keys))
-                    flushed = self.driver.flush(Flush())
-                    loaded = {item.binding: item.rows for item in flushed.loaded}
-
-                    # --- Store ---
-                    for name, batch in batches.items():
-                        binding = self.config.binding(name)
-                        rows = prestaged.get(name)
-                        if rows is None:
-                            rows = reductions.reduce(batch.documents, loaded.get(name), binding)
-                        self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
-
-                    # --- StartCommit / StartedCommit ---
-                    with self.collector.span("start_commit", next_epoch):
-                        started_commit = self.driver.start_commit(
-                            StartCommit(epoch=next_epoch, runtime_checkpoint=new_checkpoint, rewind=runtime_checkpoint)
-                        )
-                with self.collector.span("verify", next_epoch):
-                    self._verify(batches, started_commit)
-                self.staging.delete_prefix(self._spool(next_epoch))
-                stage_seconds += time.monotonic() - staging_began
-                crash.crash_point("after-started-commit", next_epoch)
-
-                # --- commit to the recovery log ---
-                def mid_commit(e: int = next_epoch) -> None:
-                    crash.crash_point("mid-log-commit", e)
-
-                committing = time.monotonic()
-                try:
-                    with self.collector.span("log_commit", next_epoch):
-                        self.log.commit(next_epoch, new_checkpoint, started_commit.driver_checkpoint, before_publish=mid_commit)
-                except FencedError:
-                    # Not committed, so our staged files are nobody's: remove them before stopping.
-                    for staged in started_commit.driver_checkpoint.staged.values():
-                        if staged is not None:
-                            self.staging.delete_prefix(staged.uri)
-                    raise
-                # crash here leaves the entry committed but unapplied: the next Open re-applies it
-                crash.crash_point("after-log-commit", next_epoch)
-                log_commit_seconds = time.monotonic() - committing
-                epoch = next_epoch
-                runtime_checkpoint = new_checkpoint
-                pending = started_commit.driver_checkpoint
-                current = EpochSummary(
-                    epoch=epoch,
-                    documents={n: b.count for n, b in batches.items()},
-                    description={n: b.description for n, b in batches.items()},
-                )
-                summary.epochs.append(current)
-                staged_files = started_commit.driver_checkpoint.staged
-                self.collector.emit(events.Committed(
-                    epoch=epoch,
-                    documents=sum(current.documents.values()),
-                    at=utc_now(),
-                    staged={n: (f.rows, f.bytes) for n, f in staged_files.items() if f is not None},
-                    stage_seconds=stage_seconds,
-                    log_commit_seconds=log_commit_seconds,
-                ))
-        except FencedError:
-            raise
-        except Exception as exc:
-            # A zombie (paused while reading epoch N+1, resumed after a newer run's Open deleted
-            # its spool) fails on vanished files: say it is fenced, not what Spark saw.
-            if acking is None:
-                self.log.check_not_fenced(epoch, cause=exc, doing=f"reading epoch {epoch + 1}")
-            raise
-        finally:
-            if acking is not None:
-                # Leaving on an error: let the running apply finish (a committed epoch), quietly.
-                try:
-                    acking.result()
-                except BaseException:  # noqa: BLE001 - the error already being raised wins
-                    pass
-            applier.shutdown(wait=True)
-            # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
-            self.driver.discard_prestaged()
-            # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
-            self.staging.delete_prefix(f"spool/{self.log.writer}")
-            self.driver.close()
-        summary.last_epoch = epoch
-        summary.seconds = time.monotonic() - started
-        return summary
-
-    def _read(self, epoch: int, checkpoint: dict[str, Any]) -> dict[str, SourceBatch]:
+    def read(self, epoch: int, checkpoint: dict[str, Any], *, until: dict[str, Any] | None = None) -> dict[str, SourceBatch]:
+        """Each binding's next batch after ``checkpoint`` (``until``: recover's re-read of a
+        committed epoch takes exactly the extent it ended at); a binding with nothing new has none."""
         batches = {}
         self._unread = {}
         for binding in self.config.bindings:
@@ -322,30 +192,76 @@ class Runtime:
                     self.spark,
                     checkpoint.get(binding.name),
                     self.config.transaction.max_documents,
-                    f"{self._spool(epoch)}/{binding.name}.jsonl",
+                    f"{StagingArea.spool(self.writer, epoch)}/{binding.name}.jsonl",
+                    **({"until": until.get(binding.name)} if until is not None else {}),
                 )
             if batch is not None:
                 batches[binding.name] = batch
                 read = {"epoch": epoch, "binding": binding.name, "seconds": time.monotonic() - began, "at": at}
                 if batch.verify is not None:
-                    # Its count is known once staged: the event is sent by _verify.
+                    # Its count is known once staged: the event is sent by verify.
                     self._unread[binding.name] = read
                 else:
                     self._read_event(batch, read)
         return batches
 
-    def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
-        self.collector.emit(events.Read(
-            **read,
-            documents=batch.count,
-            extent=batch.description,
-            # Optional fields of SourceBatch (a source that does not know leaves them out).
-            bytes=getattr(batch, "bytes", None),
-            lag=getattr(batch, "lag", None),
-            dead_letters=getattr(batch, "rejected_count", 0) or 0,
-        ))
+    def prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
+        """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""
+        if not self.config.transaction.pipelined:
+            return {}
+        prestaged = {}
+        with _explained(batches), self.collector.span("prestage", epoch):
+            for name, batch in batches.items():
+                binding = self.config.binding(name)
+                if reductions.independent_of_table(binding):
+                    rows = reductions.reduce(batch.documents, None, binding)
+                    self.driver.prestage(Store(binding=name, documents=rows), epoch)
+                    prestaged[name] = rows
+        return prestaged
 
-    def _verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
+    def stage(
+        self,
+        epoch: int,
+        batches: dict[str, SourceBatch],
+        runtime_checkpoint: dict[str, Any],
+        rewind: dict[str, Any],
+        *,
+        prestaged: "dict[str, DataFrame] | None" = None,
+        only: "set[str] | None" = None,
+    ) -> StartedCommit:
+        """After Acknowledged: Load* / Flush, Store*, StartCommit, verify. ``only``: the bindings to
+        stage (recover's re-staging; None: every binding with a batch)."""
+        from pyspark.sql import functions as F
+
+        names = [name for name in batches if only is None or name in only]
+        prestaged = prestaged or {}
+        with _explained(batches):
+            # --- Load / Flush / Loaded / Flushed ---
+            for name in names:
+                binding = self.config.binding(name)
+                if binding.needs_loads:
+                    keys = batches[name].documents.select(*[F.col(quote(k)) for k in binding.key])
+                    self.driver.load(Load(binding=name, keys=keys))
+            flushed = self.driver.flush(Flush())
+            loaded = {item.binding: item.rows for item in flushed.loaded}
+
+            # --- Store ---
+            for name in names:
+                batch = batches[name]
+                rows = prestaged.get(name)
+                if rows is None:
+                    rows = reductions.reduce(batch.documents, loaded.get(name), self.config.binding(name))
+                self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
+
+            # --- StartCommit / StartedCommit ---
+            with self.collector.span("start_commit", epoch):
+                started = self.driver.start_commit(StartCommit(epoch=epoch, runtime_checkpoint=runtime_checkpoint, rewind=rewind))
+        with self.collector.span("verify", epoch):
+            self.verify(batches, started)
+        self.staging_area.delete_spool(self.writer, epoch)
+        return started
+
+    def verify(self, batches: dict[str, SourceBatch], started: StartedCommit) -> None:
         """The checks a source deferred to the staging job, now that it has run: a refusal deletes
         the epoch's staged files (no entry references them) and commits nothing."""
         try:
@@ -353,130 +269,201 @@ class Runtime:
                 if batch.verify is not None:
                     batch.count = batch.verify()
         except BaseException:
-            for staged in started.driver_checkpoint.staged.values():
-                if staged is not None:
-                    self.staging.delete_prefix(staged.uri)
+            self.staging_area.discard(started.driver_checkpoint.staged.values())
             raise
         finally:
             unread, self._unread = self._unread, {}
         for name, read in unread.items():
             self._read_event(batches[name], read)
 
-    def _prestage(self, epoch: int, batches: dict[str, SourceBatch]) -> dict[str, "DataFrame"]:
-        """Combine and stage, before Acknowledged, the rows of bindings whose rows need no table."""
-        if not self.config.transaction.pipelined:
-            return {}
-        prestaged = {}
-        for name, batch in batches.items():
-            binding = self.config.binding(name)
-            if reductions.independent_of_table(binding):
-                rows = reductions.reduce(batch.documents, None, binding)
-                self.driver.prestage(Store(binding=name, documents=rows), epoch)
-                prestaged[name] = rows
-        return prestaged
+    def _read_event(self, batch: SourceBatch, read: dict[str, Any]) -> None:
+        self.collector.emit(
+            events.Read(
+                **read,
+                documents=batch.count,
+                extent=batch.description,
+                # Optional fields of SourceBatch (a source that does not know leaves them out).
+                bytes=getattr(batch, "bytes", None),
+                lag=getattr(batch, "lag", None),
+                dead_letters=getattr(batch, "rejected_count", 0) or 0,
+            )
+        )
 
-    def _spool(self, epoch: int) -> str:
-        # Per writer: a zombie reading the same epoch as the newer run never shares its spool.
-        return f"spool/{self.log.writer}/epoch-{epoch:012d}"
+
+def advanced(checkpoint: dict[str, Any], batches: dict[str, SourceBatch]) -> dict[str, Any]:
+    """The runtime checkpoint after ``batches``: each read binding's new position, the others' as they were."""
+    return {**checkpoint, **{name: batch.checkpoint for name, batch in batches.items()}}
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: "SparkSession",
+        collector: Collector | None = None,
+        *,
+        driver: Driver | None = None,
+        sources: "dict[str, Source] | None" = None,
+    ) -> None:
+        """``driver``, ``sources``: others than the Delta driver and the configured sources (tests)."""
+        self.config = config
+        self.spark = spark
+        # Every consumer also gets one `progress` record per applied epoch, folded from the events.
+        self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
+        self.staging = open_store(config.staging_root)
+        self.staging_area = StagingArea.of(config, self.staging)
+        self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
+        self.driver: Driver = driver or DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
+        self.sources = sources if sources is not None else {b.name: open_source(b, self.staging) for b in config.bindings}
+        for source in self.sources.values():
+            source.defer_checks = True  # the stager's verify runs their deferred checks before each commit
+        self.stager = EpochStager(config, spark, self.driver, self.sources, self.staging_area, self.log.writer, self.collector)
+        for binding in config.bindings:
+            if binding.mode == "standard":
+                reductions.check_supported(binding)
+
+    def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
+        started = time.monotonic()
+        # Before the log is opened (so a wrong configuration fences no running writer).
+        self.driver.validate()
+        # --- Open / Opened: the fencing entry; the driver checks the tables, deletes orphans ---
+        state = self.log.open()
+        epoch = state.last_epoch
+        last = _renamed(state.last_commit, self.config)
+        summary = RunSummary(pipeline_id=self.config.pipeline_id, opened_at_epoch=epoch)
+        self.collector.emit(events.Opened(pipeline=self.config.pipeline_id, epoch=epoch, writer=self.log.writer))
+        driver_checkpoint = last.driver_checkpoint if last else None
+        opened = self.driver.open(Open(pipeline_id=self.config.pipeline_id, last_epoch=epoch, driver_checkpoint=driver_checkpoint))
+        summary.orphans_deleted = opened.orphans_deleted
+        runtime_checkpoint: dict[str, Any] = dict(
+            opened.runtime_checkpoint or (last.runtime_checkpoint if last and last.runtime_checkpoint else {})
+        )
+
+        pending: DriverCheckpoint | None = driver_checkpoint
+        current: EpochSummary | None = None
+        applier = BackgroundApply(self._acknowledge, pipelined=self.config.transaction.pipelined)
+        try:
+            while True:
+                # --- Acknowledge epoch N (on the first loop: the re-apply after Open) ---
+                if pending is not None:
+                    report = _into(summary, "reapplied") if current is None else _into(current, "acknowledged")
+                    applier.start(epoch, pending, first=current is None, report=report)
+                    pending = None
+                if (max_epochs is not None and len(summary.epochs) >= max_epochs) or (should_stop is not None and should_stop()):
+                    applier.wait()
+                    break
+
+                # --- read epoch N+1, while N is applied ---
+                next_epoch = epoch + 1
+                try:
+                    batches = self.stager.read(next_epoch, runtime_checkpoint)
+                    staging_began = time.monotonic()
+                    prestaged = self.stager.prestage(next_epoch, batches)
+                    stage_seconds = time.monotonic() - staging_began
+                except BaseException:
+                    # Epoch N is committed: finish applying it before reporting the read's error
+                    # (an error of the apply, a fence say, is the one raised then).
+                    applier.wait()
+                    raise
+                # --- Acknowledged ---
+                applier.wait()
+                if not batches:
+                    if not follow:
+                        break
+                    time.sleep(self.config.transaction.poll_interval_seconds)
+                    continue
+
+                # --- Load* / Flush, Store*, StartCommit -> StartedCommit ---
+                staging_began = time.monotonic()
+                new_checkpoint = advanced(runtime_checkpoint, batches)
+                started_commit = self.stager.stage(
+                    next_epoch, batches, new_checkpoint, rewind=runtime_checkpoint, prestaged=prestaged
+                )
+                stage_seconds += time.monotonic() - staging_began
+                crash.crash_point("after-started-commit", next_epoch)
+
+                # --- commit entry N+1 = {runtime checkpoint, driver checkpoint} to the recovery log ---
+                committing = time.monotonic()
+                self._log_commit(next_epoch, new_checkpoint, started_commit)
+                log_commit_seconds = time.monotonic() - committing
+                epoch, runtime_checkpoint, pending = next_epoch, new_checkpoint, started_commit.driver_checkpoint
+                current = EpochSummary(
+                    epoch=epoch,
+                    documents={n: b.count for n, b in batches.items()},
+                    description={n: b.description for n, b in batches.items()},
+                )
+                summary.epochs.append(current)
+                staged_files = started_commit.driver_checkpoint.staged
+                self.collector.emit(
+                    events.Committed(
+                        epoch=epoch,
+                        documents=sum(current.documents.values()),
+                        at=utc_now(),
+                        staged={n: (f.rows, f.bytes) for n, f in staged_files.items() if f is not None},
+                        stage_seconds=stage_seconds,
+                        log_commit_seconds=log_commit_seconds,
+                    )
+                )
+        except FencedError:
+            raise
+        except Exception as exc:
+            # A zombie (paused while reading epoch N+1, resumed after a newer run's Open deleted
+            # its spool) fails on vanished files: say it is fenced, not what Spark saw.
+            if not applier.running:
+                self.log.check_not_fenced(epoch, cause=exc, doing=f"reading epoch {epoch + 1}")
+            raise
+        finally:
+            applier.close()
+            # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
+            self.driver.discard_prestaged()
+            # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
+            self.staging_area.delete_spool(self.log.writer)
+            self.driver.close()
+        summary.last_epoch = epoch
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def _acknowledge(self, epoch: int, checkpoint: DriverCheckpoint, first: bool) -> Acknowledged:
+        """Acknowledge -> Acknowledged, on the apply thread; an apply's failure recorded for `status`."""
+        began = time.monotonic()
+        try:
+            result = self.driver.acknowledge(Acknowledge(epoch=epoch, driver_checkpoint=checkpoint))
+        except Exception as exc:
+            # A zombie (paused, then resumed) finds its staged files deleted by the newer
+            # writer that applied them: say it is fenced, not what Spark saw.
+            self.log.check_not_fenced(epoch, cause=exc)
+            if isinstance(exc, ApplyError):
+                # Stuck: recorded so `status` can say which epoch, binding and error.
+                self.log.record_failure(exc.epoch, exc.binding, str(exc))
+            raise
+        if first:
+            self.log.clear_failures(epoch)
+        # Sent from the applying thread, so its time is when the apply ended, not when the
+        # runtime next looked.
+        self.collector.emit(events.Acknowledged(epoch=epoch, first=first, seconds=time.monotonic() - began, at=utc_now()))
+        return result
+
+    def _log_commit(self, epoch: int, runtime_checkpoint: dict[str, Any], started: StartedCommit) -> None:
+        def mid_commit(e: int = epoch) -> None:
+            crash.crash_point("mid-log-commit", e)
+
+        try:
+            with self.collector.span("log_commit", epoch):
+                self.log.commit(epoch, runtime_checkpoint, started.driver_checkpoint, before_publish=mid_commit)
+        except FencedError:
+            # Not committed, so our staged files are nobody's: remove them before stopping.
+            self.staging_area.discard(started.driver_checkpoint.staged.values())
+            raise
+        # crash here leaves the entry committed but unapplied: the next Open re-applies it
+        crash.crash_point("after-log-commit", epoch)
 
     def _fence_check(self) -> None:
         self.log.check_holding("deleting staged files")
 
-    def _check_distinct_tables(self) -> None:
-        """Two bindings on one table, however spelled (DESIGN invariant 10): their MERGEs would carry
-        the same txn id and version, and Delta would skip the second binding's rows."""
-        seen: dict[str, str] = {}
-        for binding in self.config.bindings:
-            identity = table_identity(self.spark, TableRef(binding.table))
-            if identity in seen:
-                raise ConfigError(
-                    f"bindings {seen[identity]!r} and {binding.name!r} write to the same table ({identity}, "
-                    f"spelled {self.config.binding(seen[identity]).table!r} and {binding.table!r}): a table takes one "
-                    "binding, or the second one's rows would be skipped as already applied. Give each binding its "
-                    "own table. Nothing was started."
-                )
-            seen[identity] = binding.name
 
-    def _check_tables(self, last_epoch: int, last: LogEntry | None) -> None:
-        """Once per run, before anything is written: what each table records must be ours.
-
-        * a later epoch than the log: the log was lost or swapped;
-        * a table this pipeline wrote rows to that is gone: deleted or moved by someone;
-        * commits of another pipeline or binding, or another writer's txn ids: a rename or a new
-          pipeline_id over existing tables would read the source again and write it twice.
-        """
-        written = set(last.driver_checkpoint.written) if last and last.driver_checkpoint else set()
-        for binding in self.config.bindings:
-            table = TableRef(binding.table)
-            state = table_state(self.spark, table, self.config.pipeline_id)
-            if state.txn_version is not None and state.txn_version > last_epoch:
-                raise TableStateError(
-                    f"table {binding.table} records epoch {state.txn_version} for pipeline "
-                    f"{self.config.pipeline_id!r} but the recovery log {self.log.store.uri} ends at epoch "
-                    f"{last_epoch}: the log was deleted or replaced. Restore the log, or give the pipeline a "
-                    "new pipeline_id and new tables to start over; nothing was changed."
-                )
-            if not state.exists:
-                if binding.name in written:
-                    raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
-                continue
-            self._check_layout(binding, table)
-            self._check_writers(binding, table)
-
-    def _check_retention_default(self) -> None:
-        """A session default for the txn retention would reach every table we create."""
-        value = self.spark.conf.get(RETENTION_DEFAULT_CONF, None)
-        if value:
-            raise ConfigError(
-                f"the Spark session sets {RETENTION_DEFAULT_CONF} = {value}, which new tables inherit: {RETENTION_WHY}. "
-                "Remove the setting (spark.conf in the configuration, or the cluster's). Nothing was started."
-            )
-
-    def _check_layout(self, binding: BindingConfig, table: TableRef) -> None:
-        """An existing table must keep every txn id, and not contradict the binding's layout."""
-        found = detail(self.spark, table)
-        problems = existing_layout_problems(binding, found) if found is not None else []
-        if problems:
-            raise TableStateError(
-                f"binding {binding.name!r}: table {binding.table} cannot be written as configured: "
-                + "; ".join(problems)
-                + ". Change the table (ALTER TABLE … UNSET TBLPROPERTIES for the retention) or the binding, then run "
-                "again (README: 'Table layout'). Nothing was written."
-            )
-
-    def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
-        pipeline = self.config.pipeline_id
-        ours = {binding.name, *binding.previous_names}
-        writers = table_writers(self.spark, table)
-        first_own = min((first for (p, b), (first, _last) in writers.tags.items() if p == pipeline and b in ours), default=None)
-        foreign: dict[str, int] = {}
-        for (p, b), (_first, last_version) in writers.tags.items():
-            if not (p == pipeline and b in ours):
-                foreign[f"binding {b!r} of pipeline {p!r}" if p != pipeline else f"binding {b!r} of this pipeline"] = last_version
-        for app, last_version in writers.app_ids.items():
-            if app != pipeline and not any(p == app for p, _b in writers.tags):
-                foreign[f"a writer with Delta transaction id {app!r}"] = last_version
-        # Commits before this binding's first one were taken over then (adopt_table, once).
-        foreign = {who: v for who, v in foreign.items() if first_own is None or v > first_own}
-        if not foreign or binding.adopt_table:
-            return
-        who = ", ".join(f"{w} (up to Delta version {v})" for w, v in sorted(foreign.items(), key=lambda i: i[1])[:3])
-        renamed = [b for (p, b) in writers.tags if p == pipeline and b not in ours]
-        hint = (
-            f"If binding {binding.name!r} is binding {renamed[0]!r} renamed, add `previous_names: [{renamed[0]}]` to it: "
-            "its place in the source is taken over and nothing is read twice. "
-            if renamed
-            else ""
-        )
-        raise TableStateError(
-            f"binding {binding.name!r}: table {binding.table} holds commits of {who}"
-            + (", made after this binding's own" if first_own is not None else "")
-            + ". Writing it would re-apply rows that are already there (a new pipeline_id or a renamed binding "
-            "reads its source again from the start) or mix two writers in one table. "
-            + hint
-            + "To write to the table anyway, set `adopt_table: true` on the binding (README: 'Sharing or taking "
-            "over a table'). Nothing was written."
-        )
+def _into(target: Any, attribute: str) -> Callable[[Acknowledged], None]:
+    """Where an Acknowledged is reported: the run's re-apply, or the epoch's summary."""
+    return lambda result: setattr(target, attribute, result)
 
 
 def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
@@ -506,12 +493,3 @@ def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
         update["driver_checkpoint"] = driver.model_copy(update={"staged": staged, "written": sorted(written)})
     return entry.model_copy(update=update)
 
-
-def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:
-    return (
-        f"binding {binding!r}: table {table} does not exist, but pipeline {pipeline!r} has applied rows to it "
-        f"(the recovery log is at epoch {last_epoch}): the table was deleted or moved. Restore it at {table} (from "
-        "a backup or the moved folder) and run again; or, to rebuild it from the source, start the pipeline over "
-        "with a new pipeline_id, recovery_log and staging (the other tables then need `adopt_table: true`). "
-        "Nothing was written."
-    )

@@ -101,12 +101,13 @@ def test_a_forced_replay_merge_is_skipped_by_delta_and_the_txn_confs_stay_in_the
     version = table_state(spark, table, config.pipeline_id).version
     driver = runtime.driver
     source = driver.apply_spark.createDataFrame([(999, "x", "u")], "id long, name string, _op string")
-    with driver._txn(config.bindings[0], entry.epoch):
+    props = driver.writer.properties(config.bindings[0].name, entry.epoch)
+    with driver.writer.transaction(props):
         # Set on the apply session only: other work on the main session commits under no txn id.
         assert driver.apply_spark.conf.get(TXN_APP_ID) == config.pipeline_id
         if hasattr(spark, "cloneSession"):
             assert spark.conf.get(TXN_APP_ID, None) is None
-        assert driver._commit(config.bindings[0], table, entry.epoch, source, True) is None  # Delta skipped it
+        assert driver.writer.write(config.bindings[0], table, props, source, True) is None  # Delta skipped it
     result = driver.acknowledge(Acknowledge(epoch=entry.epoch, driver_checkpoint=entry.driver_checkpoint))
     assert [r.status for r in result.results] == ["skipped"]
     assert table_state(spark, table, config.pipeline_id).version == version

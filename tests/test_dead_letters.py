@@ -108,7 +108,7 @@ def test_dead_letters_land_exactly_once_when_the_apply_is_cut_short(spark: Any, 
         def stop(*_args: Any) -> Any:
             raise Killed("killed between the table's commit and the dead-letter table's")
 
-        runtime.driver._apply_dead_letters = stop  # type: ignore[method-assign]
+        runtime.driver.writer.append_dead_letters = stop  # type: ignore[method-assign]
     else:
         acknowledge = runtime.driver.acknowledge
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from materializer.bounds import bounds_condition
-from materializer.driver import merge_sql
+from materializer.merge import merge_sql
 from materializer.runtime import Runtime
 from tests.helpers import binding, table_rows, write_jsonl
 from tests.test_holes import config_with

@@ -100,13 +100,13 @@ def test_a_failed_cast_in_the_merge_is_not_retried_and_is_reported_as_what_it_is
     data = [f for f in runtime.staging.list(uri) if f.path.rsplit("/", 1)[-1].startswith("part-")]
     staged = StagedFile(uri=uri, rows=1, bytes=sum(f.size for f in data), files=len(data))
     commits = []
-    commit = runtime.driver._commit
+    commit = runtime.driver.writer.write
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         commits.append(1)
         return commit(*args, **kwargs)
 
-    runtime.driver._commit = counted  # type: ignore[method-assign]
+    runtime.driver.writer.write = counted  # type: ignore[method-assign]
     with pytest.raises(ApplyError) as info:
         runtime.driver.acknowledge(Acknowledge(epoch=2, driver_checkpoint=DriverCheckpoint(epoch=2, staged={"items": staged})))
     assert len(commits) == 1  # not retried as a "concurrent" commit

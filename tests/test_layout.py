@@ -144,7 +144,7 @@ def test_a_session_default_txn_retention_is_refused(spark: Any, tmp_path: Path) 
 @pytest.mark.spark
 def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appended_to(spark: Any, tmp_path: Path) -> None:
     """The apply looked (no table), then someone created it: the CREATE fails, nothing is appended."""
-    from materializer import driver as driver_module
+    from materializer import merge as driver_module
     from materializer.delta import TableState
 
     table = tmp_path / "tables" / "log"
@@ -174,7 +174,7 @@ def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appende
 @pytest.mark.spark
 def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_applied(spark: Any, tmp_path: Path) -> None:
     """Two runs of one first epoch (a zombie and its successor): the second CREATE loses and skips."""
-    from materializer import driver as driver_module
+    from materializer import merge as driver_module
     from materializer.delta import TableState
 
     table = tmp_path / "tables" / "orders"
@@ -193,7 +193,7 @@ def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_app
             racing["done"] = True
             # The zombie's apply of epoch 1 creates the table first (its clean-up is fenced).
             staged = runtime.log.read().last_commit.driver_checkpoint.staged["orders"]
-            assert Runtime(config, spark).driver._apply(config.bindings[0], 1, staged).status == "applied"
+            assert Runtime(config, spark).driver.writer.apply(config.bindings[0], 1, staged).status == "applied"
             return TableState(False, None, None)
         return real(spark_, ref, app_id, **kw)
 
@@ -215,7 +215,7 @@ def test_a_create_killed_before_its_commit_does_not_block_the_first_epoch(
     """What a SIGKILL inside the first epoch's CREATE leaves (a data file, an empty _delta_log):
     Spark calls the table existing, so every later CREATE failed and the run waited for a commit
     that never came. After the creation wait the location is created over, in the tagged commit."""
-    import materializer.driver as driver
+    import materializer.merge as driver
 
     monkeypatch.setattr(driver, "CREATION_WAIT_SECONDS", 1)
     table = tmp_path / "tables" / "t"

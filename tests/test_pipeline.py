@@ -79,8 +79,9 @@ def test_reapplying_an_applied_epoch_is_skipped_by_delta(spark: Any, tmp_path: P
     assert staged is not None
     # On the apply session: the MERGE reads its source as a temp view of that session.
     source = runtime.driver.apply_spark.createDataFrame([(999, "x", "u")], "id long, name string, _op string")
-    with runtime.driver._txn(config.bindings[0], entry.epoch):
-        metrics = runtime.driver._commit(config.bindings[0], table, entry.epoch, source, True)
+    props = runtime.driver.writer.properties(config.bindings[0].name, entry.epoch)
+    with runtime.driver.writer.transaction(props):
+        metrics = runtime.driver.writer.write(config.bindings[0], table, props, source, True)
     assert metrics is None
     result = runtime.driver.acknowledge(Acknowledge(epoch=entry.epoch, driver_checkpoint=entry.driver_checkpoint))
     assert [r.status for r in result.results] == ["skipped"]

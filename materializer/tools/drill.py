@@ -601,11 +601,11 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
     # keeps although no committed entry needs them (applied epochs' staged files, files outside
     # the areas Open cleans). What a run killed or fenced after the last Open left in staged/,
     # spool/ or _tmp/ (or as a temp file in the log) is the next Open's to delete, not a leak.
-    from materializer.driver import open_cleans
+    from materializer.staging import StagingArea, dataset_of
 
-    staging = open_store(config.staging_root)
+    area = StagingArea.of(config)
     pending = last_commit.driver_checkpoint if last_commit is not None else None
-    _cleaned, kept = open_cleans(staging, pending)
+    _cleaned, kept = area.open_cleans(pending)
     needed = set()
     if pending is not None:
         for name, staged in pending.staged.items():
@@ -613,11 +613,8 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
             recorded = table_state(spark, TableRef(binding.table), config.pipeline_id).txn_version if binding else None
             if staged is not None and (recorded or 0) < pending.epoch:
                 needed.add(staged.uri)  # committed, not yet applied: the next run applies it
-    from materializer.driver import SCRATCH, STAGED, dataset_of
-
-    areas = (STAGED + "/", "skipped/") + tuple(f"{p}/" for p in SCRATCH)
     result.orphans = [p for p in kept if dataset_of(p) not in needed]
-    result.orphans += [f.path for f in staging.list() if not f.path.startswith(areas)]
+    result.orphans += area.outside_areas()
 
     expectations = oracle.expected_all(config)
     known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
@@ -1067,6 +1064,7 @@ def _interrupt(signum: int, _frame: Any) -> None:
 def _damage(name: str, log: Any, staging: Any, config: PipelineConfig) -> str:
     """Do one damage to the pipeline's state; returns what was done."""
     from materializer.recovery_log import entry_path
+    from materializer.staging import is_data_file
 
     state = log.read()
     entry = state.last_commit
@@ -1092,7 +1090,7 @@ def _damage(name: str, log: Any, staging: Any, config: PipelineConfig) -> str:
         return f"deleted staged dataset {target.uri} (epoch {entry.epoch})"
     if name == "truncated-staged":
         target = staged[-1]
-        files = [f for f in staging.list(target.uri) if not f.path.rsplit("/", 1)[-1].startswith(("_", "."))]
+        files = [f for f in staging.list(target.uri) if is_data_file(f.path)]
         victim = Path(staging.spark_path(files[0].path))
         data = victim.read_bytes()
         victim.write_bytes(data[: len(data) // 2])

@@ -40,16 +40,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from materializer import reductions
 from materializer.config import PipelineConfig
 from materializer.delta import TableRef, table_state
-from materializer.driver import DeltaDriver, is_data_file
+from materializer.driver import DeltaDriver
+from materializer.runtime import EpochStager, advanced
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
-from materializer.protocol import Acknowledge, DriverCheckpoint, Flush, Load, StagedFile, StartCommit, Store
+from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
 from materializer.sources import open_source
-from materializer.storage import Store as FileStore
+from materializer.staging import StagingArea
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
@@ -67,15 +67,6 @@ class RecoverySummary:
     """The epoch committed again with re-staged files (None: nothing needed)."""
     restaged: dict[str, int] = field(default_factory=dict)
     """Rows re-staged per binding."""
-
-
-def _staged_intact(staging: FileStore, staged: StagedFile) -> bool:
-    files, size = 0, 0
-    for info in staging.list(staged.uri):
-        if is_data_file(info.path):
-            files += 1
-            size += info.size
-    return (files, size) == (staged.files, staged.bytes)
 
 
 def _repair_entries(log: RecoveryLog, summary: RecoverySummary) -> None:
@@ -160,7 +151,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         for name, staged in checkpoint.staged.items():
             if staged is None or recorded.get(name, 0) >= target:
                 keep[name] = None if recorded.get(name, 0) >= target else staged
-            elif _staged_intact(staging, staged):
+            elif driver.staging_area.intact(staged):
                 keep[name] = staged
             else:
                 restage.add(name)
@@ -177,16 +168,13 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         expected_end = dict(last.runtime_checkpoint or {})
 
     # --- re-read the epoch's batches (every binding: the new checkpoint needs them all) ---
-    new_checkpoint = dict(rewind)
-    batches = {}
+    # The runtime's own steps (read, Load*/Flush, Store*, StartCommit, verify), for the bindings to re-stage.
+    sources = {b.name: open_source(b, staging) for b in config.bindings}
+    stager = EpochStager(config, spark, driver, sources, driver.staging_area, log.writer, collector)
+    # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
+    batches = stager.read(target, rewind, until=expected_end or {})
     for binding in config.bindings:
-        source = open_source(binding, staging)
-        # until: exactly what the committed entry took (documents: its files; kafka: its offset range)
-        batch = source.next_batch(
-            spark, rewind.get(binding.name), config.transaction.max_documents,
-            f"spool/recover-epoch-{target:012d}/{binding.name}.jsonl",
-            until=(expected_end or {}).get(binding.name),
-        )
+        batch = batches.get(binding.name)
         if batch is None:
             if binding.name in restage:
                 raise StagingError(
@@ -194,7 +182,6 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
                     "nothing, but the epoch had input: the source changed. Restore the staged file from a backup."
                 )
             continue
-        new_checkpoint[binding.name] = batch.checkpoint
         if expected_end is not None and binding.name in restage and batch.checkpoint != expected_end.get(binding.name):
             raise StagingError(
                 f"epoch {target}, binding {binding.name}: re-reading the source from {rewind.get(binding.name)} ends at "
@@ -202,27 +189,10 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
                 "transaction.max_documents changed since, so the epoch cannot be re-staged exactly. Restore the "
                 "staged file from a backup, or restore the configuration's max_documents."
             )
-        batches[binding.name] = batch
         if binding.name not in restage and ahead:
             keep[binding.name] = None  # that table already records the epoch
-    if expected_end is not None:
-        new_checkpoint = expected_end
-
-    # --- loads, store, stage: the runtime's own steps, for the bindings to re-stage ---
-    for name in sorted(restage):
-        binding = config.binding(name)
-        if name in batches and binding.needs_loads:
-            driver.load(Load(binding=name, keys=batches[name].documents.select(*binding.key)))
-    loaded = {item.binding: item.rows for item in driver.flush(Flush()).loaded}
-    for name in sorted(restage):
-        if name not in batches:
-            continue
-        binding = config.binding(name)
-        driver.store(
-            Store(binding=name, documents=reductions.reduce(batches[name].documents, loaded.get(name), binding), rejected=batches[name].rejected)
-        )
-    started = driver.start_commit(StartCommit(epoch=target, runtime_checkpoint=new_checkpoint, rewind=rewind))
-    staging.delete_prefix(f"spool/recover-epoch-{target:012d}")
+    new_checkpoint = expected_end if expected_end is not None else advanced(rewind, batches)
+    started = stager.stage(target, batches, new_checkpoint, rewind, only=restage)
     staged: dict[str, StagedFile | None] = {}
     for binding in config.bindings:
         if binding.name in restage and binding.name in batches:
@@ -281,15 +251,15 @@ def skip_epoch(
             + (f"table {binding.table} already records epoch {epoch}" if recorded >= epoch else f"epoch {epoch} has no rows for it")
             + ": nothing to set aside. Nothing was changed."
         )
-    if not _staged_intact(staging, staged):
+    area = StagingArea.of(config, staging)
+    if not area.intact(staged):
         raise StagingError(
             f"epoch {epoch}, binding {binding.name}: staged file {staging.uri}/{staged.uri} is missing or damaged, so its "
             "rows cannot be kept: run `materializer recover --config F` first to re-stage the epoch. Nothing was changed."
         )
-    kept_path = f"skipped/epoch-{epoch:012d}-{binding.name}-{uuid.uuid4().hex[:8]}"
-    destination = keep_to or staging.spark_path(kept_path)
+    destination = keep_to or area.spark_path(area.skipped_path(epoch, binding.name))
     # Copied whole before the log forgets the staged file (the next Open deletes it as unreferenced).
-    spark.read.parquet(staging.spark_path(staged.uri)).write.mode("error").parquet(destination)
+    area.read(spark, binding, epoch, staged).write.mode("error").parquet(destination)
     copied = spark.read.parquet(destination).count()
     if copied != staged.rows:
         raise StagingError(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from materializer.config import PipelineConfig
 from materializer.delta import TableRef, TableState, read_txn_without_spark, table_state
-from materializer.driver import STAGED, dataset_of
+from materializer.staging import StagingArea
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
 
@@ -72,8 +72,7 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
     """``spark``: a session, a function that starts one (called only if a table needs it), or None."""
     log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
     state = log.read()
-    staging = open_store(config.staging_root)
-    datasets = sorted({dataset_of(f.path) for f in staging.list(STAGED)})
+    datasets = StagingArea.of(config).datasets()
     failures = log.failures()
     checkpoint = state.last_commit.driver_checkpoint if state.last_commit else None
     written = set(checkpoint.written) if checkpoint else set()

@@ -1,0 +1,157 @@
+"""materializer/merge.py without a JVM: one CommitProperties per commit, and the apply's conflict path.
+
+The apply reads the table's state, writes in one tagged commit, and on a commit conflict (Delta's
+``delta.exceptions`` types, on the classic client and Spark Connect alike, or Delta's error class)
+reads the table again and retries; any other failure is the epoch's ApplyError, never retried.
+The table's state, the write and the Spark session are stand-ins here: what is tested is the
+loop's decisions, one scenario per row (delta-rs's scenario tables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from delta.exceptions.base import ConcurrentAppendException, ConcurrentTransactionException, MetadataChangedException
+
+from materializer import merge
+from materializer.config import load_config
+from materializer.delta import TXN_APP_ID, TXN_VERSION, USER_METADATA, TableState, parse_user_metadata
+from materializer.errors import ApplyError, StagingError
+from materializer.merge import CommitProperties, DeltaWriter
+from materializer.progress import Collector
+from materializer.protocol import StagedFile
+from materializer.staging import StagingArea
+from materializer.storage import open_store
+from tests.helpers import binding, write_config
+
+
+class _Conf:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class _Session:
+    """The apply session's conf and tags: all the loop touches besides the write itself."""
+
+    def __init__(self) -> None:
+        self.conf = _Conf()
+        self.tags: list[str] = []
+
+    def addTag(self, tag: str) -> None:  # noqa: N802 - PySpark's name
+        self.tags.append(tag)
+
+    def removeTag(self, tag: str) -> None:  # noqa: N802 - PySpark's name
+        self.tags.remove(tag)
+
+
+class _ErrorClass(Exception):
+    """What a Spark Connect server's error looks like when the client maps no Python type to it."""
+
+    def __init__(self, condition: str) -> None:
+        super().__init__(f"[{condition}] at java.util.concurrent.FutureTask.run")
+        self.condition = condition
+
+    def getCondition(self) -> str:  # noqa: N802 - PySpark's name
+        return self.condition
+
+
+def _writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[BaseException]) -> tuple[DeltaWriter, list[dict[str, Any]]]:
+    """A writer whose table exists at epoch 1 and whose write raises ``failures`` in turn, then
+    succeeds; the calls' txn confs and tags are recorded."""
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")]))
+    session = _Session()
+    writer = DeltaWriter(session, config, StagingArea(open_store(str(tmp_path / "staging"))), Collector())  # type: ignore[arg-type]
+    looks: list[int] = []
+    monkeypatch.setattr(merge, "table_state", lambda _s, _t, _app, **_k: looks.append(1) or TableState(True, 1, 1))
+    monkeypatch.setattr(merge, "table_version", lambda _s, _t: 2)
+    calls: list[dict[str, Any]] = []
+    pending = list(failures)
+
+    def write(binding: Any, table: Any, props: CommitProperties, source: Any, exists: bool, *_a: Any, **_k: Any) -> Any:
+        calls.append({"props": props, "conf": dict(session.conf.values), "tags": list(session.tags), "looks": len(looks)})
+        if pending:
+            raise pending.pop(0)
+        return {"num_inserted_rows": 0}
+
+    writer.write = write  # type: ignore[method-assign]
+    return writer, calls
+
+
+# (failures the write raises in turn, the attempts expected, what the apply ends with)
+SCENARIOS = [
+    # the classic client's typed conflict: read the table again, retry, applied
+    ([ConcurrentAppendException(message="files were added")], 2, nullcontext()),
+    # a zombie's MERGE after the new writer evolved the schema: a conflict too
+    ([MetadataChangedException(message="metadata changed")], 2, nullcontext()),
+    ([ConcurrentTransactionException(message="same txn app id")], 2, nullcontext()),
+    # Spark Connect without Delta's class mapping: recognised by the error class
+    ([_ErrorClass("DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT")], 2, nullcontext()),
+    # conflicts on every attempt: stop after CommitProperties.max_retries, saying to run again
+    ([ConcurrentAppendException(message="x")] * 3, 3, pytest.raises(StagingError, match="kept conflicting")),
+    # not a conflict, though its message quotes java.util.concurrent: the epoch's error, once
+    ([_ErrorClass("CAST_INVALID_INPUT")], 1, pytest.raises(ApplyError, match="Delta refused to apply")),
+]
+
+
+@pytest.mark.parametrize(("failures", "attempts", "ends"), SCENARIOS)
+def test_the_apply_retries_conflicts_by_type_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[BaseException], attempts: int, ends: Any
+) -> None:
+    writer, calls = _writer(tmp_path, monkeypatch, failures)
+    with ends:
+        result = writer.apply(writer.config.bindings[0], 2, None)
+        assert result.status == "empty" and result.delta_version == 2  # no staged rows: an empty tagged commit
+    assert len(calls) == attempts
+    # Every attempt read the table again first, and committed under the epoch's txn id.
+    assert [c["looks"] for c in calls] == list(range(1, attempts + 1))
+    for call in calls:
+        assert call["conf"][TXN_APP_ID] == writer.config.pipeline_id and call["conf"][TXN_VERSION] == "2"
+        assert parse_user_metadata(call["conf"][USER_METADATA]) == {"pipeline": writer.config.pipeline_id, "binding": "items", "epoch": 2}
+        assert call["tags"] == [writer.apply_tag]
+    # Session-wide confs: nothing of the epoch's txn stays on the apply session.
+    assert TXN_APP_ID not in writer.apply_spark.conf.values and writer.apply_spark.tags == []  # type: ignore[attr-defined]
+
+
+def test_an_epoch_the_table_records_is_skipped_without_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer, calls = _writer(tmp_path, monkeypatch, [])
+    staged = StagedFile(uri="staged/epoch-000000000001/items-x", rows=1, bytes=1, files=1)
+    assert writer.apply(writer.config.bindings[0], 1, staged).status == "skipped"
+    assert calls == []
+
+
+def test_commit_properties_are_one_frozen_keyword_only_object() -> None:
+    props = CommitProperties.for_epoch("p", "items", 7)
+    assert props == CommitProperties(txn_app_id="p", txn_version=7, user_metadata=props.user_metadata, max_retries=3)
+    assert parse_user_metadata(props.user_metadata) == {"pipeline": "p", "binding": "items", "epoch": 7}
+    assert props.writer_options() == {"txnAppId": "p", "txnVersion": "7", "userMetadata": props.user_metadata}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        props.txn_version = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        CommitProperties("p", 7, "m")  # type: ignore[misc]
+
+
+def test_on_spark_connect_delta_conflicts_arrive_as_the_same_types() -> None:
+    """A Connect session's writer registers delta-spark's mapping of the server's exception classes,
+    whose Python classes subclass ``delta.exceptions``' types: one isinstance check serves both."""
+    import pyspark.errors.exceptions.connect as connect_errors
+
+    connect_session: Callable[[], Any] = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
+    merge._register_conflict_types(connect_session())
+    mapped = connect_errors.EXCEPTION_CLASS_MAPPING["io.delta.exceptions.ConcurrentAppendException"]
+    assert issubclass(mapped, ConcurrentAppendException)
+    from materializer.delta import is_commit_conflict
+
+    assert is_commit_conflict(mapped(message="files were added"))
