@@ -175,6 +175,37 @@ def detail(spark: "SparkSession", table: TableRef) -> dict[str, Any] | None:
     return found if found.get("format") == "delta" else None
 
 
+def schema_and_properties(spark: "SparkSession", table: TableRef) -> tuple[Any, dict[str, str]] | None:
+    """The table's schema (a StructType) and properties (its Delta configuration: constraints,
+    column mapping, type widening …, and its protocol); None if there is no Delta table.
+
+    What :func:`detail` gives apart from the file statistics, without a Spark job: DESCRIBE DETAIL
+    also counts the files and their bytes, which after every commit runs 3 Spark jobs over the
+    snapshot's file list (1.1-1.9 s of JVM CPU per epoch into a 1M-row table). The schema and
+    ``SHOW TBLPROPERTIES`` come from the snapshot's metadata alone. Spark Connect clean.
+    """
+    from pyspark.errors import AnalysisException
+
+    if not table.is_path and not spark.catalog.tableExists(table.location):
+        return None
+    try:
+        # Resolving the DataFrame loads the latest snapshot (nothing is read from data files);
+        # a path without a Delta table (none, an empty folder, a killed CREATE's empty
+        # _delta_log, plain Parquet) fails here with one of the errors _missing knows.
+        schema = read_table(spark, table).schema
+        rows = spark.sql(f"SHOW TBLPROPERTIES {sql_name(table)}").collect()
+    except AnalysisException as exc:
+        if _missing(exc):
+            return None
+        raise
+    properties = {str(row["key"]): str(row["value"]) for row in rows}
+    # A Delta table always shows its protocol; a catalog table of another format (DESCRIBE
+    # DETAIL's format != 'delta') does not, and counts as no table, as in detail().
+    if "delta.minReaderVersion" not in properties:
+        return None
+    return schema, properties
+
+
 def exists(spark: "SparkSession", table: TableRef) -> bool:
     return detail(spark, table) is not None
 
