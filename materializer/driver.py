@@ -178,7 +178,13 @@ class DeltaDriver(Driver):
 
     def _check_layout(self, binding: BindingConfig, table: TableRef) -> None:
         """An existing table must keep every txn id, and not contradict the binding's layout."""
-        found = detail(self.spark, table)
+        if binding.partition_by or binding.cluster_by:
+            found = detail(self.spark, table)  # its partition and clustering columns
+        else:
+            # Only the properties (the txn retention): no DESCRIBE DETAIL, whose file statistics
+            # cost 3 Spark jobs at every Open (a replay in a running process is little else).
+            facts = schema_and_properties(self.spark, table)
+            found = {"properties": facts[1]} if facts is not None else None
         problems = existing_layout_problems(binding, found) if found is not None else []
         if problems:
             raise TableStateError(
