@@ -24,6 +24,7 @@ need no loads; nothing is read from a table before Acknowledged.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from contextlib import contextmanager
@@ -49,7 +50,7 @@ from materializer.delta import (
     user_metadata,
 )
 from materializer.dead_letters import for_epoch
-from materializer.errors import ApplyError, SourceError, StagingError, TableStateError
+from materializer.errors import ApplyError, ConfigError, SourceError, StagingError, TableStateError
 from materializer.layout import create_table_sql, is_already_exists, layout_problems
 from materializer.widening import widened_schema, widening_enabled
 from materializer.progress import Collector
@@ -89,6 +90,25 @@ SCRATCH = ("spool", "_tmp")
 CONCURRENT_RETRIES = 3
 CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
+CREATION_WAIT_ENV = "MATERIALIZER_CREATION_WAIT_SECONDS"
+"""Overrides CREATION_WAIT_SECONDS: the drills and tests that kill a first CREATE set it small
+(nothing else creates their tables), so the next run does not sit out two minutes."""
+
+
+def creation_wait_seconds() -> float:
+    """CREATION_WAIT_SECONDS, or the number ``MATERIALIZER_CREATION_WAIT_SECONDS`` names."""
+    value = os.environ.get(CREATION_WAIT_ENV, "").strip()
+    if not value:
+        return CREATION_WAIT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise ConfigError(f"{CREATION_WAIT_ENV}={value!r}: give a number of seconds, 0 or more (the default is {CREATION_WAIT_SECONDS})")
+    return seconds
+
+
 REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
 """Characters Delta refuses in column names unless the table uses column mapping."""
 
@@ -492,7 +512,8 @@ class DeltaDriver(Driver):
         replace; False when the table is this pipeline's (or adopted) and the caller looks again."""
         # The other CREATE may still be writing its files (Spark calls the table existing once
         # its folder does): wait for its commit before judging whose table it is.
-        deadline = time.monotonic() + CREATION_WAIT_SECONDS
+        wait = creation_wait_seconds()
+        deadline = time.monotonic() + wait
         state = table_state(self.apply_spark, table, self.config.pipeline_id)
         while not state.exists:
             if time.monotonic() > deadline:
@@ -505,7 +526,7 @@ class DeltaDriver(Driver):
                     return True
                 raise StagingError(
                     f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
-                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
+                    f"for over {wait:g} s and still has no commit; nothing was written. Run again."
                 )
             time.sleep(0.5)
             state = table_state(self.apply_spark, table, self.config.pipeline_id)
