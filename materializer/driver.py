@@ -104,7 +104,7 @@ def creation_wait_seconds() -> float:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if seconds < 0:
+    if not 0 <= seconds < float("inf"):  # also NaN, which would make the wait endless
         raise ConfigError(f"{CREATION_WAIT_ENV}={value!r}: give a number of seconds, 0 or more (the default is {CREATION_WAIT_SECONDS})")
     return seconds
 

@@ -21,7 +21,7 @@ def test_the_default_wait_and_its_override(monkeypatch: pytest.MonkeyPatch) -> N
     assert driver.creation_wait_seconds() == 120
 
 
-@pytest.mark.parametrize("value", ["soon", "-1"])
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
 def test_a_wait_that_is_not_a_number_of_seconds_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(driver.CREATION_WAIT_ENV, value)
     with pytest.raises(ConfigError, match=f"MATERIALIZER_CREATION_WAIT_SECONDS={value!r}.*seconds"):
