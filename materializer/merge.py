@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from materializer.delta import (
     table_version,
     user_metadata,
 )
-from materializer.errors import ApplyError, StagingError, TableStateError
+from materializer.errors import ApplyError, ConfigError, StagingError, TableStateError
 from materializer.layout import create_table_sql, is_already_exists
 from materializer.progress import Collector
 from materializer.protocol import ApplyResult, StagedFile
@@ -46,6 +47,23 @@ under a unique name and deleted only after the apply), so the copy is pure cost:
 CONCURRENT_RETRIES = 3
 CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
+CREATION_WAIT_ENV = "MATERIALIZER_CREATION_WAIT_SECONDS"
+"""Overrides CREATION_WAIT_SECONDS: the drills and tests that kill a first CREATE set it small
+(nothing else creates their tables), so the next run does not sit out two minutes."""
+
+
+def creation_wait_seconds() -> float:
+    """CREATION_WAIT_SECONDS, or the number ``MATERIALIZER_CREATION_WAIT_SECONDS`` names."""
+    value = os.environ.get(CREATION_WAIT_ENV, "").strip()
+    if not value:
+        return CREATION_WAIT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):  # also NaN, which would make the wait endless
+        raise ConfigError(f"{CREATION_WAIT_ENV}={value!r}: give a number of seconds, 0 or more (the default is {CREATION_WAIT_SECONDS})")
+    return seconds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,7 +363,8 @@ class DeltaWriter:
         replace; False when the table is this pipeline's (or adopted) and the caller looks again."""
         # The other CREATE may still be writing its files (Spark calls the table existing once
         # its folder does): wait for its commit before judging whose table it is.
-        deadline = time.monotonic() + CREATION_WAIT_SECONDS
+        wait = creation_wait_seconds()
+        deadline = time.monotonic() + wait
         state = table_state(self.apply_spark, table, self.config.pipeline_id)
         while not state.exists:
             if time.monotonic() > deadline:
@@ -358,7 +377,7 @@ class DeltaWriter:
                     return True
                 raise StagingError(
                     f"epoch {epoch}, binding {binding.name}: table {binding.table} has been in creation by another writer "
-                    f"for over {CREATION_WAIT_SECONDS} s and still has no commit; nothing was written. Run again."
+                    f"for over {wait:g} s and still has no commit; nothing was written. Run again."
                 )
             time.sleep(0.5)
             state = table_state(self.apply_spark, table, self.config.pipeline_id)

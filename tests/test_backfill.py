@@ -129,7 +129,8 @@ def test_a_backfill_cut_short_is_finished_by_the_next_run_exactly_once(spark: An
     assert entry is not None and entry.runtime_checkpoint["events"]["file"] == "f2.jsonl"
 
 
-@pytest.mark.crash
+@pytest.mark.drill  # a CLI run and its JVM; in the default run: the cut-short test above (in process) and
+@pytest.mark.crash  # the SIGKILLs inside a MERGE of test_s3, test_connect and test_drill
 def test_a_backfill_sigkilled_inside_a_reread_merge_is_finished_by_the_next_run(spark: Any, tmp_path: Path) -> None:
     from tests.helpers import run_cli
 

@@ -1,8 +1,10 @@
 """Recovery drills: `materializer drill` kills the real CLI, restarts it, and proves the tables right.
 
-The short drills here run in CI on every change (each JVM start costs ~15 s, so the failure points
-are chained over successive restarts of one pipeline). ``pytest -m drill`` runs the long one.
-Fast unit tests of the oracle and the plan run without a JVM.
+The default run has two drills (each JVM start costs ~15 s, so the kills are chained over
+successive restarts of one pipeline): kills inside a MERGE's and a load's Spark job plus a random
+kill, and the zombie. Every point, the damages and the long drill are ``pytest -m drill``: every
+point and both damages are checked in process by tests/test_crash_points.py and
+tests/test_damage.py. Fast unit tests of the oracle and the plan run without a JVM.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from materializer import crash
 from materializer.tools import oracle
 from materializer.config import parse_config
+from materializer.merge import CREATION_WAIT_ENV
 from materializer.tools.drill import Drill, DrillOptions, scratch_config, unreachable_points
 from tests.helpers import REPO, binding, require_subprocess_tier, run_cli, write_config, write_jsonl
 
@@ -191,6 +194,10 @@ def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) ->
     argv = [sys.executable, "-m", "materializer_cli", "drill", "--config", str(cfg_path), "--workdir", str(tmp_path / "work"),
             "--report", str(report), *args]
     env = {k: v for k, v in os.environ.items() if k != crash.ENV}
+    # A kill inside the first epoch's CREATE leaves files without a commit; the next run waits for
+    # another creator's commit before it creates over them (120 s by default). The drill's scratch
+    # tables have no other creator: a short wait still takes that path without sitting it out.
+    env.setdefault(CREATION_WAIT_ENV, "3")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -213,10 +220,35 @@ def _assert_clean(data: dict[str, Any]) -> None:
 
 
 @pytest.mark.crash
-def test_short_drill_every_point_and_random_kills(tmp_path: Path) -> None:
-    """CI's drill: one kill at every failure point (mid-load included), chained, then 2 random kills.
+def test_short_drill_kills_inside_spark_jobs_and_at_random(tmp_path: Path) -> None:
+    """The default run's drill: a SIGKILL inside a MERGE's Spark job and inside a load's, chained,
+    then a random kill and the drain (4 runs of the CLI).
 
-    11 runs of the CLI (8 points, 2 random kills, the drain): about 4 minutes on 2 idle cores.
+    On a fresh pipeline the first kill lands inside epoch 1's CREATE (files, no commit: the next run
+    waits for a commit, then creates over them); the next run re-applies epoch 1 and dies loading
+    current rows for epoch 2. Every other point is checked in process, with the state each one
+    promises, by tests/test_crash_points.py; the drill at every point is the next test (``-m drill``).
+    """
+    cfg_path = pipeline(tmp_path, loads=True)
+    result, data = _drill(tmp_path, cfg_path, "--points", "mid-apply", "--points", "mid-load", "--kills", "1", "--seed", "11")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["verdict"] == "pass"
+    _assert_clean(data)
+    assert data["kills"].get("mid-apply") == 1 and data["kills"].get("mid-load") == 1, data["kills"]
+    assert sum(n for k, n in data["kills"].items() if k.startswith("random")) == 1
+    assert data["unreachable"] == {}
+    assert "verdict" in result.stdout and "pass" in result.stdout
+    # The drill worked on a copy: the configuration's own log, staging and tables were not created.
+    assert not (tmp_path / "prod" / "log").exists() and not (tmp_path / "prod" / "tables").exists()
+
+
+@pytest.mark.drill
+@pytest.mark.crash
+def test_short_drill_every_point_and_random_kills(tmp_path: Path) -> None:
+    """One kill at every failure point (mid-load included), chained, then 2 random kills.
+
+    11 runs of the CLI (8 points, 2 random kills, the drain): about 3 minutes on 2 idle cores, so
+    ``-m drill``; the default run has the kills inside Spark jobs (above) and every point in process.
     """
     cfg_path = pipeline(tmp_path, loads=True)
     result, data = _drill(tmp_path, cfg_path, "--kills", "2", "--seed", "11")
@@ -226,8 +258,6 @@ def test_short_drill_every_point_and_random_kills(tmp_path: Path) -> None:
     assert all(data["kills"].get(p) == 1 for p in crash.POINTS), data["kills"]
     assert sum(n for k, n in data["kills"].items() if k.startswith("random")) == 2
     assert data["unreachable"] == {}
-    assert "verdict" in result.stdout and "pass" in result.stdout
-    # The drill worked on a copy: the configuration's own log, staging and tables were not created.
     assert not (tmp_path / "prod" / "log").exists() and not (tmp_path / "prod" / "tables").exists()
 
 
@@ -242,9 +272,13 @@ def test_zombie_is_fenced_and_tables_stay_right(tmp_path: Path) -> None:
     _assert_clean(data)
 
 
+@pytest.mark.drill
 @pytest.mark.crash
 def test_damage_is_never_skipped_and_recover_repairs_it(tmp_path: Path) -> None:
-    """A torn log entry and a truncated staged file: the run stops (exit 5 / 6), recover repairs."""
+    """A torn log entry and a truncated staged file: the run stops (exit 5 / 6), recover repairs.
+
+    Seven CLI runs: ``-m drill``. The default run checks the same two damages in process
+    (tests/test_damage.py); ``test_damage_all_kinds`` below does all four through the CLI."""
     cfg_path = pipeline(tmp_path, files=3)
     result, data = _drill(tmp_path, cfg_path, "--scenario", "damage", "--damage", "torn-log", "--damage", "truncated-staged")
     assert result.returncode == 0, result.stdout + result.stderr
