@@ -520,8 +520,6 @@ def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
     transaction ids of commits cleaned up since), through the DataFrame reader: Spark Connect
     clean, no JVM internals. Meant for once per run (Open), not per epoch.
     """
-    from pyspark.sql import functions as F
-
     log = table_location(spark, table).rstrip("/") + "/_delta_log"
     try:
         return _writers_from_log(spark, log)
