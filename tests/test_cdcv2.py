@@ -453,6 +453,12 @@ def test_ambiguous_keys_and_malformed_statements_are_errors(spark: Any, tmp_path
     assert "part-000.jsonl:2" in str(info.value) and "key field 'id'" in str(info.value)
     assert info.value.line == 2
 
+    # Two statements on one line: Spark's parser would read the first and drop the second.
+    (source / "part-000.jsonl").write_text('{"updates": [[{"id": 1}, 0, 1]]}{"updates": [[{"id": 2}, 0, 1]]}\n')
+    with pytest.raises(SourceError) as info:
+        _run(spark, _pipeline(tmp_path, source, max_documents=100))
+    assert "part-000.jsonl:1" in str(info.value) and "more than one JSON value" in str(info.value)
+
 
 # ---------------------------------------------------------------------------------------------
 # A crash inside the MERGE of epoch 2 (in process: the thread freezes there, its Spark job is

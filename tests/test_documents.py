@@ -133,6 +133,11 @@ DEEP = '{"id": 9, "deep": ' + "[" * 1100 + "]" * 1100 + "}"
     ("line", "message"),
     [
         ('{"id": 1, "x": }', "not valid JSON"),
+        # Spark's parser reads the first value and ignores the rest: the second document would be lost.
+        ('{"id": 4}{"id": 5}', "more than one JSON value, or text after the document's value"),
+        ('{"id": 4, "o": {"a": [1]}} {"id": 5}', "more than one JSON value"),
+        ('{"id": 4}, {"id": 5}', "more than one JSON value"),
+        ('{"id": 4} x', "text after the document's value"),
         ("[1, 2]", "must be a JSON object"),
         ('"text"', "must be a JSON object"),
         ('{"x": 1}', "key field 'id' is missing"),
@@ -208,6 +213,19 @@ def test_types_are_inferred_as_json_inference_did_and_a_null_field_carries_no_ty
     }
     rows = {r["id"]: r for r in batch.documents.collect()}
     assert rows[1]["big"] == 123456789012345678901234 and rows[2]["x"] == 2.0
+
+
+def test_one_value_per_line_keeps_nested_documents_braces_in_strings_and_whitespace(spark: Any, tmp_path: Path) -> None:
+    # The check for text after a document's value (materializer.sources.json_text) parses the
+    # lines that are not flat objects again: none of these may be refused or altered by it.
+    write(
+        tmp_path / "src" / "a.jsonl",
+        ['{"id": 1, "s": "}{ x, ]"}  ', '{"id": 2, "o": {"a": ["x", "]"]}}\t', '  {"id": 3, "_meta": {"op": "d"}}', '{"id": 4,"s":"{}"}'],
+    )
+    batch = source(tmp_path).next_batch(spark, None, 100, "x")
+    assert batch is not None and batch.count == 4
+    rows = {r["id"]: r for r in batch.documents.collect()}
+    assert rows[1]["s"] == "}{ x, ]" and rows[2]["o"]["a"] == ["x", "]"] and rows[3]["_op"] == "d" and rows[4]["s"] == "{}"
 
 
 def test_distinct_long_keys_stay_distinct(spark: Any, tmp_path: Path) -> None:
@@ -388,3 +406,27 @@ def test_last_write_wins_in_name_order_whatever_the_names_encode_to(spark: Any, 
     assert batch is not None
     rows = {r["id"]: r["v"] for r in reductions.combine(batch.documents, make_binding(tmp_path)).collect()}
     assert rows == {1: 2, 2: 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "one"),
+    [
+        ('{"id": 1}', True),
+        ('  {"id": 1, "o": {"a": [1, 2]}}\t', True),
+        ('{"id": 1, "s": "]} {"}', True),
+        ('[1, {"a": 2}]', True),  # one value (refused later as not an object)
+        ('{"id": 1}{"id": 2}', False),
+        ('{"id": 1}, {"id": 2}', False),
+        ('{"id": 1, "o": {}}] x', False),  # closes the wrapper's "[" early
+        ('{"id": 1, "o": {}} x', False),
+        ('{"id": 1} // a comment', False),
+        ('{"id": 1, "o": {"s": "' + "__materializer_end_of_value_5c19d2e7__" + '"}}', False),  # the marker itself: refused, not trusted
+    ],
+)
+def test_parse_one_takes_exactly_one_json_value(spark: Any, text: str, one: bool) -> None:
+    from pyspark.sql import functions as F
+
+    from materializer.sources.json_text import parse_one
+
+    row = spark.createDataFrame([(text,)], "value string").select(parse_one(F.col("value")).isNotNull().alias("one")).first()
+    assert row["one"] is one

@@ -40,6 +40,7 @@ def staged_then_verified(batch: SourceBatch, binding: Any, out: Path) -> int:
     ("line", "message"),
     [
         ("{not json", "not valid JSON"),
+        ('{"id": 1, "amount": 2}{"id": 5}', "more than one JSON value"),
         ('{"amount": 1}', "key field 'id' is missing or null"),
         ('[1, 2]', "a document must be a JSON object"),
         ('{"id": 1, "colour": "red"}', "field 'colour' is not in the binding's source.schema"),

@@ -43,6 +43,7 @@ from urllib.parse import unquote
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
+from materializer.sources.json_text import parse_one
 from materializer.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -422,13 +423,17 @@ class CdcV2Source(Source):
 
         names = [name for name, _ in listing]
         lines = self._lines(spark, listing)
-        v = F.try_parse_json("value")
+        v = parse_one(F.col("value"))
         fields = F.map_keys(F.try_variant_get(v, "$", "map<string,variant>"))
         updates_arr = F.try_variant_get(v, "$.updates", "array<variant>")
         parsed = lines.select(
             "file",
             "value",
-            F.when(v.isNull(), F.lit("not valid JSON"))
+            F.when(
+                v.isNull() & F.try_parse_json("value").isNotNull(),
+                F.lit("more than one JSON value, or text after the statement's value: one statement per line"),
+            )
+            .when(v.isNull(), F.lit("not valid JSON"))
             .when(fields.isNull(), F.lit("a statement must be a JSON object"))
             .when(
                 ~(F.array_size(fields) == 1) | ~fields[0].isin("updates", "progress"),

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from materializer.errors import ConfigError, SourceError
 from materializer.dead_letters import rejected_rows, split
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
+from materializer.sources.json_text import parse_one
 from materializer.storage import FileInfo, Store, open_store
 
 if TYPE_CHECKING:
@@ -555,7 +556,7 @@ class _Reader:
         from pyspark.sql import functions as F
 
         blank = F.trim(F.col("value"), F.lit(" \t\r\n\f\u000b")) == F.lit("")
-        return text.where(~blank).withColumn("__v", F.try_parse_json(F.col("value")))
+        return text.where(~blank).withColumn("__v", parse_one(F.col("value")))
 
     # --- checking ---
 
@@ -583,6 +584,12 @@ class _Reader:
             return F.schema_of_variant(x)
 
         rules: list[tuple[Column, Column | str]] = [
+            (
+                # Valid JSON to Spark's parser, which stops after the first value (json_text).
+                v.isNull() & F.try_parse_json(value).isNotNull(),
+                "more than one JSON value, or text after the document's value: a document must be one JSON object "
+                "(JSON Lines: one per line); the rest would be lost",
+            ),
             (
                 v.isNull(),
                 "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "

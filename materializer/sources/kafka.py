@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import SEQ, Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
+from materializer.sources.json_text import parse_one
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -511,7 +512,7 @@ class _KafkaReader(_Reader):
                 ),
             )
         # Unlike lines of a file, no record is skipped: a blank value is refused as not JSON.
-        return records.withColumn("__v", F.try_parse_json(F.col("value")))
+        return records.withColumn("__v", parse_one(F.col("value")))
 
     def _keyed(self, records: "DataFrame") -> "DataFrame":
         """``key_from: message``: the key fields from the record's key, spliced into the document
@@ -519,7 +520,7 @@ class _KafkaReader(_Reader):
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        parsed_key = F.try_parse_json(F.col("key"))
+        parsed_key = parse_one(F.col("key"))
         wrapped = F.try_variant_get(parsed_key, "$.schema", "variant").isNotNull() & F.try_variant_get(parsed_key, "$.payload", "variant").isNotNull()
         key = F.when(wrapped, F.try_variant_get(parsed_key, "$.payload", "variant")).otherwise(parsed_key)
         is_object = F.schema_of_variant(key).startswith("OBJECT")
@@ -533,7 +534,7 @@ class _KafkaReader(_Reader):
         key_doc = F.try_parse_json(key_json)
         fields = T.StructType([T.StructField(k, T.VariantType()) for k in self.keys])
         in_key = key_doc.try_cast(fields)
-        value = F.try_parse_json(F.col("value"))
+        value = parse_one(F.col("value"))
         in_value = value.try_cast(fields)
         held = [in_value[k].isNotNull() for k in self.keys]
         any_held = functools.reduce(lambda a, b: a | b, held)
@@ -575,7 +576,7 @@ class _KafkaReader(_Reader):
         from pyspark.sql import functions as F
 
         records = records.where(F.col("value").isNotNull())
-        event = F.try_parse_json(F.col("value"))
+        event = parse_one(F.col("value"))
         # The JSON converter with schemas.enable wraps the event: {"schema": …, "payload": {…}}.
         wrapped = F.try_variant_get(event, "$.schema", "variant").isNotNull() & F.try_variant_get(event, "$.payload", "variant").isNotNull()
         envelope = F.when(wrapped, F.try_variant_get(event, "$.payload", "variant")).otherwise(event)

@@ -32,6 +32,7 @@ from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.sources import SEQ, SourceBatch
 from materializer.sources.cdcv2 import START, CdcV2Source, Origin, _Scan
+from materializer.sources.json_text import parse_one
 from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, positions_of
 from materializer.storage import Store
 
@@ -178,7 +179,7 @@ class KafkaCdcV2Source(CdcV2Source):
         out = dict(plan.positions)
         if frontier is None or self._records is None:
             return out  # the stream ended: nothing is needed any more
-        v = F.try_parse_json("value")
+        v = parse_one(F.col("value"))
         # The last time a statement speaks of: its updates' latest time, or below its progress's
         # upper bound (an empty upper frontier: every time on).
         times = F.transform(F.try_variant_get(v, "$.updates", "array<variant>"), lambda u: F.try_variant_get(u, "$[1]", "bigint"))
