@@ -51,6 +51,9 @@ def staged_then_verified(batch: SourceBatch, binding: Any, out: Path) -> int:
         ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
         ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\""),
         ('{"id": 1, "address": {"n": 3000000000}}', "a value does not fit source.schema: field 'address.n' holds 3000000000, which is not a valid INT"),
+        # Left by the staging job's lean checks to the cast and the epoch's shape: still named alike.
+        ('{"id": {"a": 1}, "amount": 2}', "key field 'id' must be a scalar"),
+        ('{"id": [1], "amount": 2}', "key field 'id' must be a scalar"),
     ],
 )
 def test_a_deferred_check_refuses_with_file_and_line_after_the_staging_job(spark: Any, tmp_path: Path, line: str, message: str) -> None:
@@ -118,3 +121,19 @@ def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark:
     reader = _KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
     with pytest.raises(SourceError, match="topic t partition 0 offset 1: key field 'id' is missing or null"):
         reader.check(reader.parsed(records(['{"id": 1}', '{"a": 2}'])))
+
+
+def test_a_key_declared_string_is_still_refused_as_an_object(spark: Any, tmp_path: Path) -> None:
+    # STRING takes any JSON as its text, so neither the cast nor the shape refuses an object key:
+    # the staging job's lean checks keep the key rule for it.
+    from pyspark.sql import types as T
+
+    write(tmp_path / "src" / "a.jsonl", ['{"id": "a"}', '{"id": {"x": 1}}'])
+    src = declared(tmp_path)
+    src.use_schema(T.StructType([T.StructField("id", T.StringType())]))
+    src.defer_checks = True
+    batch = src.next_batch(spark, None, 100, "x")
+    assert batch is not None and batch.verify is not None
+    with pytest.raises(SourceError) as info:
+        staged_then_verified(batch, src.binding, tmp_path / "out")
+    assert f"{tmp_path / 'src' / 'a.jsonl'}:2: key field 'id' must be a scalar" in str(info.value)

@@ -560,7 +560,7 @@ class _Reader:
 
     # --- checking ---
 
-    def _parts(self) -> "Column":
+    def _parts(self, lean: bool = False) -> "Column":
         """The top-level fields every check looks at (keys, reserved names, ``_meta``, the declared
         fields) as VARIANTs: NULL for a document that is not an object. Computed once per document
         in a column of its own (``__parts``), so the checks do not each cast the document again
@@ -568,12 +568,20 @@ class _Reader:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        named = self.keys + [OP, SEQ, "_meta", *self.hidden] + [f.name for f in (self.declared.fields if self.declared else [])]
+        declared = [] if lean or self.declared is None else [f.name for f in self.declared.fields]
+        named = self.keys + [OP, SEQ, "_meta", *self.hidden] + declared
         return F.col("__v").try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in dict.fromkeys(named)]))
 
-    def problem(self) -> "Column":
+    def problem(self, lean: bool = False) -> "Column":
         """Per document, what is wrong with it (NULL: nothing a row alone shows). Reads ``__v``,
-        ``value`` and ``__parts``: apply it through :meth:`checked`."""
+        ``value`` and ``__parts``: apply it through :meth:`checked`.
+
+        ``lean`` (the staging job's checks, :meth:`deferred`): leave out what the staging job
+        refuses by other means, so that every document it flags is one the full set flags too:
+        a value that does not fit its declared type (the VARIANT cast of the rows fails the job,
+        with or without ANSI mode, and :meth:`explain` locates it), and a key that is an object
+        or an array where the key is declared a scalar type other than STRING (the epoch's shape
+        does not fit the schema). Refused epochs are named by the full set (``verify``)."""
         from pyspark.sql import functions as F
 
         v = F.col("__v")
@@ -601,7 +609,8 @@ class _Reader:
         for key in self.keys:
             got = parts[key]
             rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
-            rules.append((F.left(kind(got), F.lit(1)).isin("O", "A"), f"key field {key!r} must be a scalar"))  # OBJECT<…>, ARRAY<…>
+            if not (lean and self._key_kind_declared(key)):
+                rules.append((F.left(kind(got), F.lit(1)).isin("O", "A"), f"key field {key!r} must be a scalar"))  # OBJECT<…>, ARRAY<…>
         for name in (OP, SEQ, *self.hidden):
             rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
         if self.sequence_by:
@@ -622,7 +631,7 @@ class _Reader:
                 f"a number has more than {EXACT_DIGITS} digits, more than Spark can hold exactly; write it as a string",
             )
         )
-        if self.declared is not None:
+        if self.declared is not None and not lean:
             rules += self._fits(parts, self.declared, "")
         expr = F.lit(None).cast("string")
         for condition, message in reversed(rules):
@@ -652,10 +661,19 @@ class _Reader:
                 rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(), message))
         return rules
 
-    def checked(self, parsed: "DataFrame") -> "DataFrame":
+    def checked(self, parsed: "DataFrame", lean: bool = False) -> "DataFrame":
         """``parsed`` with ``__problem``: per document, what is wrong with it alone (NULL: nothing).
         The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top."""
-        return parsed.withColumn("__parts", self._parts()).withColumn("__problem", self.problem())
+        return parsed.withColumn("__parts", self._parts(lean)).withColumn("__problem", self.problem(lean))
+
+    def _key_kind_declared(self, key: str) -> bool:
+        """Whether the declared schema gives ``key`` a type that refuses an object or an array
+        (any but STRING, which takes any JSON as its text)."""
+        from pyspark.sql import types as T
+
+        if self.declared is None or key not in self.declared.names:
+            return False
+        return not isinstance(self.declared[key].dataType, (T.StringType, T.StructType, T.ArrayType, T.MapType, T.VariantType))
 
     def _tallies(self) -> list["Column"]:
         """The epoch's aggregate checks: documents, bad ones, the first bad one, the merged shape
@@ -719,12 +737,21 @@ class _Reader:
         assert self.declared is not None
         self._parsed = parsed
         checked = self.checked(parsed)
+        # A VARIANT cast fails on a value that does not fit its type (whatever spark.sql.ansi.enabled
+        # says), so the staging job leaves that check to the cast: lean checks.
         tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
-        good = checked.observe(tallies, *self._tallies()).where(F.col("__problem").isNull())
+        good = self.checked(parsed, lean=True).observe(tallies, *self._tallies()).where(F.col("__problem").isNull())
 
         def verify() -> int:
             # Blocks until the first action on the rows (their staging job) has run in full.
-            return self._verdict(checked, tallies.get)[0]
+            row = tallies.get
+            refused = bool(row["bad"]) or (row["shape"] is not None and bool(self._single_problems(parse_shape(row["shape"]))))
+            if refused:
+                # The full check job (error path only) names the documents as the undeferred
+                # reading does: the lean checks left some of its per-document rules to the cast
+                # and to the epoch's shape.
+                self.check(parsed)
+            return self._verdict(checked, row)[0]
 
         return self.rows(good, self.declared), verify
 

@@ -613,10 +613,10 @@ class _KafkaReader(_Reader):
         text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
         return records.select(text.alias("value"), F.col(SEQ), problem.alias("__kafka"))
 
-    def problem(self) -> "Column":
+    def problem(self, lean: bool = False) -> "Column":
         from pyspark.sql import functions as F
 
-        return F.coalesce(F.col("__kafka"), super().problem())
+        return F.coalesce(F.col("__kafka"), super().problem(lean))
 
     def _located(
         self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None
