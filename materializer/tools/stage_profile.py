@@ -1,0 +1,122 @@
+"""Where the documents source's staging job spends its JVM CPU, piece by piece (issue #12).
+
+``python -m materializer.tools.stage_profile [--documents N] [--repeats R]`` generates one epoch
+of the bench's documents (:func:`materializer.tools.bench.generate_collection`), then runs each
+variant below as its own Spark job, ``R`` times after one warm-up run, and prints the JVM CPU
+seconds of each run (psutil, user + system, :func:`materializer.tools.bench.cpu_seconds`) and its
+wall seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they measure reading,
+parsing and checking alone; the ``parquet`` ones combine (last per key) and write Parquet as a
+staging job does. Compare figures of one run only: they are taken side by side on one machine.
+
+The variants are built from the source's own code (``_Reader``), the bench's bare path, and the
+alternatives a reader could take (Spark's JSON parser, ``from_json``, ``json_object_keys``), so
+the cost of each piece shows as a difference between two lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], None]]:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from materializer.sources.documents import _Reader, plan_epoch
+    from materializer.storage import open_store
+    from materializer.tools import bench
+
+    store = open_store(str(folder))
+    declared = spark.createDataFrame([], bench.SCHEMA_DDL).schema  # what ours is given (source.schema)
+    path = str(next(folder.glob("*.jsonl")))
+
+    def reader() -> tuple[_Reader, Any]:
+        found, legacy = store.list(), []
+        r = _Reader(spark, store, [bench.KEY], declared, None)
+        return r, r.parsed(plan_epoch(found, None, 1000, 1 << 40, store.uri, legacy))
+
+    def noop(df: Any) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    def parquet(df: Any, name: str) -> None:
+        target = out / name
+        shutil.rmtree(target, ignore_errors=True)
+        df.write.parquet(str(target))
+
+    def combine(rows: Any) -> Any:
+        values = [c for c in rows.columns if c not in (bench.KEY, "_seq")]
+        last = rows.groupBy(bench.KEY).agg(F.max_by(F.struct(*values), F.col("_seq")).alias("l"))
+        return last.select(bench.KEY, *[F.col("l")[c].alias(c) for c in values])
+
+    def lines() -> Any:
+        return spark.read.option("lineSep", "\n").text(path)
+
+    def ours_noop() -> None:
+        r, parsed = reader()
+        rows, verify = r.deferred(parsed)
+        noop(rows)
+        verify()
+
+    def ours_unchecked_noop() -> None:
+        r, parsed = reader()
+        noop(r.rows(parsed, declared))
+
+    def ours_parquet() -> None:
+        r, parsed = reader()
+        rows, verify = r.deferred(parsed)
+        parquet(combine(rows), "ours")
+        verify()
+
+    typed = T.StructType([*declared.fields, T.StructField("_corrupt", T.StringType())])
+    options = {"columnNameOfCorruptRecord": "_corrupt", "allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}
+    return {
+        "lines noop (spark.read.text)": lambda: noop(lines()),
+        "json reader noop (spark.read.json, schema)": lambda: noop(spark.read.schema(bench.input_schema()).json(path)),
+        "try_parse_json noop": lambda: noop(lines().select(F.try_parse_json("value").alias("v"))),
+        "from_json noop (declared types)": lambda: noop(lines().select(F.from_json("value", typed, options).alias("j")).select("j.*")),
+        "json_object_keys noop": lambda: noop(lines().select(F.json_object_keys("value").alias("k"))),
+        "ours: parse + cast, no checks, noop": ours_unchecked_noop,
+        "ours: parse + checks + cast, noop": ours_noop,
+        "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench._latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
+        "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=300_000, help="documents in the epoch (default 300000)")
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per variant, after one warm-up (default 3)")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+
+    from materializer.spark import session_for
+    from materializer.tools import bench
+
+    work = Path(tempfile.mkdtemp(prefix="stage-profile-"))
+    try:
+        folder = work / "source"
+        bench.generate_collection(folder, max(args.documents, 1000), args.documents, 1, (0.5, 0.4, 0.1), 7, one_row=False)
+        spark = session_for(args.master, {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}, app_name="stage-profile")
+        variants = _variants(spark, folder, work / "out")
+        for run in variants.values():
+            run()  # warm-up: JIT and first-use costs are nobody's
+        print(f"{args.documents} documents; JVM CPU s / wall s per run, {args.repeats} runs each")
+        for name, run in variants.items():
+            figures = []
+            for _ in range(args.repeats):
+                c0, t0 = bench.cpu_seconds(), time.monotonic()
+                run()
+                figures.append(f"{bench.cpu_seconds()[1] - c0[1]:5.2f} / {time.monotonic() - t0:4.2f}")
+            print(f"{name:55s} " + "   ".join(figures), flush=True)
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
