@@ -27,6 +27,8 @@ def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], Non
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from materializer import reductions
+    from materializer.config import BindingConfig
     from materializer.sources.documents import _Reader, plan_epoch
     from materializer.storage import open_store
     from materializer.tools import bench
@@ -48,10 +50,12 @@ def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], Non
         shutil.rmtree(target, ignore_errors=True)
         df.write.parquet(str(target))
 
+    binding = BindingConfig.model_validate(
+        {"name": "docs", "source": {"format": "documents", "path": str(folder)}, "table": str(out / "table"), "key": [bench.KEY]}
+    )
+
     def combine(rows: Any) -> Any:
-        values = [c for c in rows.columns if c not in (bench.KEY, "_seq")]
-        last = rows.groupBy(bench.KEY).agg(F.max_by(F.struct(*values), F.col("_seq")).alias("l"))
-        return last.select(bench.KEY, *[F.col("l")[c].alias(c) for c in values])
+        return reductions.combine(rows, binding)  # the staging job's own combine
 
     def lines() -> Any:
         return spark.read.option("lineSep", "\n").text(path)
