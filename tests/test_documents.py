@@ -430,3 +430,51 @@ def test_parse_one_takes_exactly_one_json_value(spark: Any, text: str, one: bool
 
     row = spark.createDataFrame([(text,)], "value string").select(parse_one(F.col("value")).isNotNull().alias("one")).first()
     assert row["one"] is one
+
+
+TYPED_FROM_TEXT_VALUES = [
+    "0", "-0", "-0.0", "1", "-1", "1.0", "1.50", "0.1", "1e2", "2.5E-3", "1E400", "-1e-400", "127", "128", "-129",
+    "32768", "2147483647", "2147483648", "9223372036854775807", "9223372036854775808", "-9223372036854775809",
+    "12345678901234567890", "1234567890123456.78", "123456789012345678901234567890.5", "1" + "0" * 40,
+    "3.14159265358979323846264338327950288", "true", "false", "null", '"5"', '"true"', '"1e2"', '"Infinity"',
+    '"NaN"', '" 7 "', "[1]", '{"a": 1}',
+]
+
+
+@pytest.mark.parametrize("ddl", ["bigint", "int", "smallint", "tinyint", "double", "boolean"])
+def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
+    """The rows' fast typing (a number's or boolean's JSON text cast as a string, the VARIANT cast
+    where that does not cast) gives the VARIANT cast's value, or fails where it fails, on every
+    edge value; and on 2000 random decimals of 15-18 digits (where a double rounding would show)."""
+    import random
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from materializer.sources.documents import _typed
+
+    generator = random.Random(12)
+    decimals = []
+    for _ in range(2000):
+        digits = str(generator.randint(10**14, 10**18 - 1))
+        cut = generator.randint(1, len(digits) - 1)
+        decimals.append(("-" if generator.random() < 0.5 else "") + digits[:cut] + "." + digits[cut:])
+    texts = TYPED_FROM_TEXT_VALUES + decimals
+    dtype = T._parse_datatype_string(ddl)
+    df = spark.createDataFrame([(t,) for t in texts], "t string").select(
+        "t", F.try_variant_get(F.try_parse_json(F.concat(F.lit('{"x": '), "t", F.lit("}"))), "$.x", "variant").alias("x")
+    )
+    assert df.where(F.col("x").isNull()).count() == 0  # every text is one JSON value
+    # Row by row: where the VARIANT cast succeeds, the fast typing gives its value, exactly.
+    fits = F.col("x").try_cast(dtype)
+    got = df.select("t", fits.alias("want"), _typed(F.col("x"), dtype).alias("got")).where(fits.isNotNull() | F.is_variant_null("x"))
+    compared = got.collect()
+    assert len(compared) >= 5
+    # repr: -0.0's sign and NaN (from the string "NaN", as the VARIANT cast reads it) compare too.
+    wrong = [(r["t"], r["want"], r["got"]) for r in compared if repr(r["want"]) != repr(r["got"])]
+    assert wrong == []
+    # Where it fails, the fast typing fails too, with the VARIANT cast's error.
+    failing = [r["t"] for r in df.select("t").where(fits.isNull() & ~F.is_variant_null("x")).collect()]
+    for text in failing[:3] + failing[-2:]:
+        with pytest.raises(Exception, match="INVALID_VARIANT_CAST"):
+            df.where(F.col("t") == text).select(_typed(F.col("x"), dtype).alias("got")).collect()
