@@ -75,6 +75,24 @@ def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> No
     assert python > 0 and jvm >= 0  # measured from the process, not made up
 
 
+def test_cpu_per_epoch_is_the_big_epochs_total_over_their_count_not_a_median() -> None:
+    # Ours pipelines: epoch 1's interval holds epoch 2's staging, the last big epoch's only its
+    # apply. The median (19) would leave out a third of what the run cost; the one-row epoch (4)
+    # is not a big epoch.
+    from materializer.tools.bench import _cpu, _cpu_total
+
+    epochs = [
+        {"epoch": 1, "python_cpu": 1.0, "jvm_cpu": 33.0},
+        {"epoch": 2, "python_cpu": 0.5, "jvm_cpu": 18.5},
+        {"epoch": 3, "python_cpu": 0.5, "jvm_cpu": 8.5},
+        {"epoch": 4, "python_cpu": 0.2, "jvm_cpu": 4.0},
+    ]
+    block = _cpu(epochs, big=3)
+    assert block == {"python_cpu_seconds_per_epoch": pytest.approx(2.0 / 3), "jvm_cpu_seconds_per_epoch": pytest.approx(20.0)}
+    assert _cpu_total(block) == pytest.approx(62.0 / 3)
+    assert _cpu([{"epoch": 1}], big=1) == {"python_cpu_seconds_per_epoch": None, "jvm_cpu_seconds_per_epoch": None}
+
+
 def test_epoch_phases_of_a_pipelined_run_overlap_the_read_with_the_apply() -> None:
     # Epoch 2 is read (3.0 -> 4.0) while epoch 1 is applied (3.0 -> 7.0); its total is what it
     # adds to the run: from epoch 1's Acknowledged to its own.

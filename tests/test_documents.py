@@ -228,6 +228,19 @@ def test_one_value_per_line_keeps_nested_documents_braces_in_strings_and_whitesp
     assert rows[1]["s"] == "}{ x, ]" and rows[2]["o"]["a"] == ["x", "]"] and rows[3]["_op"] == "d" and rows[4]["s"] == "{}"
 
 
+def test_blank_lines_of_any_whitespace_are_skipped_and_still_counted(spark: Any, tmp_path: Path) -> None:
+    # A line is blank when it holds only JSON whitespace or \f \v; a line that starts with "{" is
+    # never trimmed (the cheap test first). Blank lines are skipped, yet counted in line numbers.
+    blanks = ["", "   ", "\t", "\r", " \f ", "\u000b"]
+    write(tmp_path / "src" / "a.jsonl", [blanks[0], '{"id": 1}', *blanks[1:], ' {"id": 2}', "\t{\"id\": 3}\r"])
+    batch = source(tmp_path).next_batch(spark, None, 100, "x")
+    assert batch is not None and batch.count == 3
+    assert sorted(r["id"] for r in batch.documents.collect()) == [1, 2, 3]
+    write(tmp_path / "src" / "b.jsonl", ["  ", '{"id": 4}', "\f", "{x"])
+    with pytest.raises(SourceError, match=r"b.jsonl:4: not valid JSON"):
+        source(tmp_path).next_batch(spark, batch.checkpoint, 100, "x")
+
+
 def test_distinct_long_keys_stay_distinct(spark: Any, tmp_path: Path) -> None:
     write(tmp_path / "src" / "a.jsonl", ['{"id": 12345678901234567890123456789012345678, "v": 1}', '{"id": 12345678901234567890123456789012345679, "v": 2}'])
     batch = source(tmp_path).next_batch(spark, None, 100, "x")
