@@ -886,10 +886,13 @@ def _summary(epochs: list[dict[str, Any]], big: int, keys: tuple[str, ...]) -> d
 
 def _cpu(epochs: list[dict[str, Any]], big: int) -> dict[str, Any]:
     """CPU seconds per big epoch, Python and JVM (the approach's process and its JVM): their sum
-    over the big epochs divided by their count, not a median. Ours pipelines, so the interval of
-    its epoch N also holds the reading and staging of N+1 (the last big epoch's holds only its
-    apply, and the first's the start too): its epochs' CPU differs by design (34, 19 and 9 s in one
-    run), and a median of three would leave out part of the work the run did."""
+    over the big epochs divided by their count, not a median, so the figure is what the run cost.
+    Ours pipelines: the interval of its epoch N also holds the reading and staging of N+1, so the
+    first big epoch's holds two stagings and the last's only its apply (and the one-row epoch's
+    staging). Its epochs' CPU differs by design (34, 19 and 9 s in one run); a median of three
+    picks the middle interval, one staging and one apply, and leaves out what only the first
+    epoch pays (its JVM CPU is higher than two stagings and an apply by about 5 s here; the bare
+    path's first epoch pays about 3 s more than its others too)."""
     big_epochs = [e for e in epochs if e["epoch"] <= big]
 
     def mean(key: str) -> float | None:
