@@ -927,11 +927,12 @@ def _typed(field: "Column", dtype: Any) -> "Column":
     CPU per 300k five-field documents, more than the parse). For a whole number, a DOUBLE or a
     BOOLEAN, the value's JSON text (``to_json``: the digits of a whole number, the exact decimal or
     the round-tripping double of any other number, ``true``/``false``) cast as a string is the same
-    value for less (parse and cast alone: 2.13 -> 1.69 s per 300k; README, Performance). Where that text does not cast (a string, a fraction for an
-    integer, a value out of range, an infinite double, which ``to_json`` quotes) the VARIANT cast
-    runs as before, failing or converting exactly as it would have: ``coalesce`` evaluates it only
-    then. ``tests/test_documents.py::test_typed_from_text_equals_the_variant_cast`` compares both
-    on edge values."""
+    value for less (parse and cast alone: 2.13 -> 1.69 s per 300k; README, Performance). Where that
+    text does not cast (a string, a fraction for an integer, a value out of range, an infinite
+    double, which ``to_json`` quotes) the VARIANT cast runs as before, failing or converting
+    exactly as it would have: ``coalesce`` evaluates it only then.
+    ``tests/test_documents.py::test_typed_from_text_equals_the_variant_cast`` compares both on
+    edge values."""
     from pyspark.sql import functions as F
 
     if not _by_text(dtype):
