@@ -275,7 +275,7 @@ class DeltaWriter:
         view = f"materializer_staged_{uuid.uuid4().hex}"
         aligned.createOrReplaceTempView(view)
         evolve = ""
-        if _shape(aligned.drop(OP, *changes.staged_only(aligned.columns)).schema) != _shape(target_schema):
+        if _shape(aligned.drop(OP, *changes.staged_only(aligned.columns, binding)).schema) != _shape(target_schema):
             # New columns or sub-fields: only then, since an evolving MERGE is slower (about 10%
             # on a 10M-row table here) even when there is nothing to evolve.
             evolve = " WITH SCHEMA EVOLUTION"
@@ -285,7 +285,9 @@ class DeltaWriter:
         if binding.mode == "scd2":
             merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
         elif binding.change_controlled:
-            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
+            merge = changes.merge_sql(
+                binding, sql_name(table), view, aligned.columns, evolve, bounds, target_columns=target_schema.fieldNames()
+            )
         else:
             merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds)
         try:

@@ -1,0 +1,286 @@
+"""The change semantics are a model (DESIGN invariant 14): materializer/semantics.py states them;
+here real pipelines run drawn histories and every table, read by Spark and by delta-rs, must equal
+the model's.
+
+One drawn example is one binding's options and many independent histories (one key each), cut
+into a few epochs: the pipeline runs them through a few MERGEs on the shared SparkSession, so
+thousands of histories cost a few dozen MERGEs. ``MATERIALIZER_MODEL_EXAMPLES`` sets how many
+examples the default run draws (``pytest -m long`` draws ten times as many keys and examples).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from materializer import semantics
+from materializer.config import parse_config
+from materializer.errors import ConfigError
+from materializer.tools.oracle import canonical
+
+IGNORED = ("__deleted_at", "__from", "__reset_at")
+"""Columns the model does not state: the time of an apply, ignore_null_updates' bookkeeping."""
+
+
+# --- drawing options and histories -----------------------------------------------------------------
+
+
+@st.composite
+def options(draw: Any) -> dict[str, Any]:
+    mode = draw(st.sampled_from(["standard", "scd2"]))
+    extra: dict[str, Any] = {"mode": mode}
+    sequence = draw(st.sampled_from([None, "ts", "_meta.lsn"]))
+    if sequence:
+        extra["sequence_by"] = [sequence]
+    if mode == "standard":
+        extra["ignore_null_updates"] = draw(st.booleans())
+        extra["soft_delete"] = draw(st.booleans())
+    else:
+        track = draw(st.sampled_from([None, "a", "except_b"]))
+        if track == "a":
+            extra["track_history"] = ["a"]
+        elif track == "except_b":
+            extra["track_history_except"] = ["b"]
+    if draw(st.booleans()):
+        extra["delete_when"] = "gone"
+    columns = draw(st.sampled_from([None, "except_b", "only_a_s"]))
+    if columns == "except_b" and "track_history_except" not in extra:
+        extra["except_columns"] = ["b"]
+    elif columns == "only_a_s":
+        extra["columns"] = ["a", "s", "ts"]
+    return {k: v for k, v in extra.items() if v not in (False, None)}
+
+
+def _value(draw: Any, values: Any) -> Any:
+    """A field's value in a change: absent (None as the marker below), NULL or a value."""
+    return draw(st.one_of(st.just(_ABSENT), st.none(), values))
+
+
+_ABSENT = object()
+
+
+@st.composite
+def history(draw: Any, key: int, distinct: bool = False) -> list[dict[str, Any]]:
+    """One key's changes in arrival order: upserts with NULL and missing fields, nested fields,
+    deletes (by _meta.op or delete_when), redelivered earlier changes, equal sequences."""
+    n = draw(st.integers(1, 6))
+    sequences = draw(st.lists(st.integers(1, 12), min_size=n, max_size=n, unique=distinct))
+    out: list[dict[str, Any]] = []
+    for seq in sequences:
+        if out and not distinct and draw(st.integers(0, 5)) == 0:
+            out.append(dict(draw(st.sampled_from(out))))  # redelivered (at-least-once sources)
+            continue
+        kind = draw(st.sampled_from(["upsert", "upsert", "upsert", "delete", "delete_when"]))
+        doc: dict[str, Any] = {"id": key, "ts": seq, "_meta": {"lsn": seq}}
+        if kind == "delete":
+            doc["_meta"]["op"] = "d"
+        else:
+            fields = {
+                "a": _value(draw, st.integers(-5, 5)),
+                "b": _value(draw, st.sampled_from(["x", "y", "z"])),
+                "s": _value(draw, st.fixed_dictionaries({"p": st.one_of(st.none(), st.integers(0, 3))})),
+                "gone": True if kind == "delete_when" else _value(draw, st.just(False)),
+            }
+            doc.update({k: v for k, v in fields.items() if v is not _ABSENT})
+        out.append(doc)
+    return out
+
+
+@st.composite
+def cut(draw: Any, histories: list[list[dict[str, Any]]], epochs: int) -> list[list[dict[str, Any]]]:
+    """Each key's history cut into ``epochs`` consecutive slices; empty epochs left out."""
+    out: list[list[dict[str, Any]]] = [[] for _ in range(epochs)]
+    for changes in histories:
+        marks = sorted(draw(st.lists(st.integers(0, epochs - 1), min_size=len(changes), max_size=len(changes))))
+        for epoch, doc in zip(marks, changes):
+            out[epoch].append(doc)
+    return [e for e in out if e]
+
+
+def _binding_options(extra: dict[str, Any]) -> Any:
+    """The options as the config parses them, or None if the combination is refused."""
+    data = {
+        "pipeline_id": "p", "recovery_log": "log", "staging": "st",
+        "bindings": [{"name": "b", "source": {"format": "documents", "path": "src"}, "table": "t", "key": ["id"], **extra}],
+    }
+    try:
+        return parse_config(data, "drawn.yaml").bindings[0]
+    except ConfigError:
+        return None
+
+
+# --- the model alone (no JVM) ------------------------------------------------------------------------
+
+
+def test_the_issue_reproductions_in_the_model() -> None:
+    """The model gives what the README's sentences say for the two tables found wrong."""
+    # ignore_null_updates + sequence_by: a value from before a stored delete does not come back.
+    opts = semantics.Options(key=["id"], sequence_by=["ts"], ignore_null_updates=True)
+    rows = semantics.materialize(opts, [
+        [{"id": 1, "_meta": {"op": "d"}, "ts": 10}],
+        [{"id": 1, "a": 5, "ts": 8}, {"id": 1, "b": "y", "ts": 12}],
+    ])
+    assert [(r.get("a"), r.get("b"), r["__deleted"]) for r in rows] == [(None, "y", False)]
+    # scd2 + track_history: a redelivered change does not undo the in-place change after it.
+    opts = semantics.Options(key=["email"], mode="scd2", sequence_by=["ts"], track_history=["email"])
+    rows = semantics.materialize(opts, [
+        [{"email": "e1", "name": "n1", "ts": 10}],
+        [{"email": "e1", "name": "n2", "ts": 20}],
+        [{"email": "e1", "name": "n1", "ts": 10}],
+    ])
+    assert [(r["name"], r["__start_at"], r["__sequence"]["ts"], r["__current"]) for r in rows] == [("n2", 10, 20, True)]
+
+
+def _order_free(extra: dict[str, Any]) -> bool:
+    """Where the README promises that arrival order and the cut do not matter: sequence_by, no
+    soft delete (a soft-deleted row shows what the table held), no in-place scd2 runs."""
+    return bool(extra.get("sequence_by")) and not extra.get("soft_delete") and not (
+        extra.get("track_history") or extra.get("track_history_except")
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_model_with_sequence_by_is_free_of_arrival_order_and_cut(data: Any) -> None:
+    """"with sequence_by, the same changes in any arrival order and any cut give the same table":
+    distinct sequences per key (equal ones go by arrival, by design)."""
+    extra = data.draw(options())
+    assume(_order_free(extra))
+    binding = _binding_options(extra)
+    assume(binding is not None)
+    histories = [data.draw(history(k, distinct=True)) for k in range(4)]
+    first = _canon(semantics.materialize(binding, data.draw(cut(histories, 3))))
+    shuffled = [data.draw(st.permutations(h)) for h in histories]
+    second = _canon(semantics.materialize(binding, data.draw(cut(shuffled, 3))))
+    assert first == second
+
+
+# --- the pipeline against the model --------------------------------------------------------------------
+
+
+def _canon(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted(canonical({k: v for k, v in r.items() if k not in IGNORED}) for r in rows)
+
+
+def _delta_rs_rows(table: Path) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable, QueryBuilder
+
+    import pyarrow as pa
+
+    reader = QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT * FROM t")
+    return pa.table(reader.read_all()).to_pylist()
+
+
+def _run_example(spark: Any, root: Path, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> tuple[Any, Path]:
+    from materializer.config import load_config
+    from materializer.runtime import Runtime
+    from tests.helpers import binding, write_config
+
+    src, table = root / "src", root / "t"
+    src.mkdir(parents=True)
+    for i, docs in enumerate(epochs, start=1):
+        (src / f"epoch-{i:03d}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    config = load_config(write_config(root, [binding("b", src, table, max_files=1, **extra)], pipeline_id=f"model-{uuid.uuid4().hex[:8]}"))
+    Runtime(config, spark).run()
+    return config.bindings[0], table
+
+
+def _assert_equals_model(spark: Any, binding: Any, table: Path, epochs: list[list[dict[str, Any]]]) -> None:
+    expected = _canon(semantics.materialize(binding, epochs))
+    by_spark = _canon([r.asDict(recursive=True) for r in spark.read.format("delta").load(str(table)).collect()])
+    missing = sorted(set(expected) - set(by_spark))[:5]
+    extra_rows = sorted(set(by_spark) - set(expected))[:5]
+    assert by_spark == expected, f"table and model differ: model only {missing}, table only {extra_rows}"
+    assert _canon(_delta_rs_rows(table)) == by_spark, "delta-rs reads another table than Spark"
+
+
+EXAMPLES = int(os.environ.get("MATERIALIZER_MODEL_EXAMPLES", "12"))
+KEYS = 170
+"""Histories per example: 12 examples x 170 keys = 2,040 histories in the default run."""
+
+
+def _property(spark: Any, tmp_path: Path, examples: int, keys: int) -> None:
+    @settings(
+        max_examples=examples, deadline=None, derandomize=False, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
+    @given(data=st.data())
+    def check(data: Any) -> None:
+        extra = data.draw(options(), label="options")
+        binding = _binding_options(extra)
+        assume(binding is not None)
+        histories = [data.draw(history(k)) for k in range(keys)]
+        epochs = data.draw(cut(histories, data.draw(st.integers(1, 3))))
+        root = tmp_path / uuid.uuid4().hex[:8]
+        try:
+            binding, table = _run_example(spark, root, extra, epochs)
+            _assert_equals_model(spark, binding, table, epochs)
+        except AssertionError:
+            _keep(extra, epochs)
+            raise
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    check()
+
+
+def _keep(extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> None:
+    """A failing example lands in tests/data/model-failures/ (make it a regression test below)."""
+    folder = Path(__file__).parent / "data" / "model-failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{uuid.uuid4().hex[:8]}.json").write_text(json.dumps({"options": extra, "epochs": epochs}, indent=1))
+
+
+def test_pipeline_tables_equal_the_model(spark: Any, tmp_path: Path) -> None:
+    _property(spark, tmp_path, EXAMPLES, KEYS)
+
+
+@pytest.mark.long
+def test_pipeline_tables_equal_the_model_long(spark: Any, tmp_path: Path) -> None:
+    """20,000 histories and more: ``pytest -m long tests/test_semantics_model.py``."""
+    _property(spark, tmp_path, EXAMPLES * 5, KEYS * 2)
+
+
+# --- regressions: the issue's reproductions and examples the property test found ---------------------
+
+
+REGRESSIONS: list[tuple[str, dict[str, Any], list[list[dict[str, Any]]]]] = [
+    (
+        "a value from before a stored delete does not come back (ignore_null_updates + sequence_by)",
+        {"sequence_by": ["ts"], "ignore_null_updates": True},
+        [[{"id": 1, "_meta": {"op": "d"}, "ts": 10}], [{"id": 1, "a": 5, "ts": 8}, {"id": 1, "b": "y", "ts": 12}]],
+    ),
+    (
+        "the same with soft_delete",
+        {"sequence_by": ["ts"], "ignore_null_updates": True, "soft_delete": True},
+        [[{"id": 1, "a": 1, "ts": 5}], [{"id": 1, "_meta": {"op": "d"}, "ts": 10}], [{"id": 1, "a": 5, "ts": 8}, {"id": 1, "b": "y", "ts": 12}]],
+    ),
+    (
+        "a late change's field lands by its sequence (ignore_null_updates + sequence_by)",
+        {"sequence_by": ["ts"], "ignore_null_updates": True},
+        [[{"id": 1, "a": 1, "ts": 10}], [{"id": 1, "b": "x", "ts": 5}], [{"id": 1, "_meta": {"op": "d"}, "ts": 3}]],
+    ),
+    (
+        "a redelivered change does not undo the in-place change after it (scd2 + track_history)",
+        {"mode": "scd2", "sequence_by": ["ts"], "track_history": ["a"]},
+        [[{"id": 1, "a": 1, "b": "n1", "ts": 10}], [{"id": 1, "a": 1, "b": "n2", "ts": 20}], [{"id": 1, "a": 1, "b": "n1", "ts": 10}]],
+    ),
+]
+_FOUND = Path(__file__).parent / "data" / "model-regressions.json"
+if _FOUND.exists():
+    REGRESSIONS += [(r["why"], r["options"], r["epochs"]) for r in json.loads(_FOUND.read_text())]
+
+
+@pytest.mark.parametrize("why, extra, epochs", REGRESSIONS, ids=[r[0][:60] for r in REGRESSIONS])
+def test_regressions_equal_the_model(spark: Any, tmp_path: Path, why: str, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> None:
+    binding, table = _run_example(spark, tmp_path, extra, epochs)
+    _assert_equals_model(spark, binding, table, epochs)
