@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import uuid
 from pathlib import Path
@@ -284,3 +283,36 @@ if _FOUND.exists():
 def test_regressions_equal_the_model(spark: Any, tmp_path: Path, why: str, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> None:
     binding, table = _run_example(spark, tmp_path, extra, epochs)
     _assert_equals_model(spark, binding, table, epochs)
+
+
+# --- killed while applying: real SIGKILLs, then the model again ---------------------------------------
+
+
+@pytest.mark.crash
+@settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_killed_examples_equal_the_model(data: Any, tmp_path: Path) -> None:
+    """A drawn example run by the CLI, SIGKILLed at a named point of epoch 2 (inside the MERGE's
+    Spark job, or around the log commit and the apply), run again to the end: the table equals the
+    model, read by delta-rs."""
+    from materializer.config import load_config
+    from tests.helpers import binding, run_cli, write_config
+
+    extra = data.draw(options(), label="options")
+    assume(_binding_options(extra) is not None)
+    histories = [data.draw(history(k)) for k in range(40)]
+    epochs = data.draw(cut(histories, 3))
+    assume(len(epochs) == 3)
+    point = data.draw(st.sampled_from(["after-log-commit", "mid-apply", "after-apply", "after-ack-before-gc"]), label="point")
+    root = tmp_path / uuid.uuid4().hex[:8]
+    src, table = root / "src", root / "t"
+    src.mkdir(parents=True)
+    for i, docs in enumerate(epochs, start=1):
+        (src / f"epoch-{i:03d}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    path = write_config(root, [binding("b", src, table, max_files=1, **extra)], pipeline_id="model-killed")
+    killed = run_cli("run", "--config", str(path), env={"MATERIALIZER_CRASH_AT": f"{point}:2"})
+    assert killed.returncode == -9, (point, killed.returncode, killed.stderr[-2000:])
+    finished = run_cli("run", "--config", str(path))
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    expected = _canon(semantics.materialize(load_config(path).bindings[0], epochs))
+    assert _canon(_delta_rs_rows(table)) == expected

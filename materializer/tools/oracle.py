@@ -351,182 +351,43 @@ def cdcv2_state(binding: BindingConfig, statements: Iterable[Row]) -> Expected:
     return Expected(binding=binding.name, verified=True, unique_keys=True, rows=rows, epochs=None, documents=count)
 
 
-def _path_value(doc: Row, path: str) -> Any:
-    value: Any = doc
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
+def _epochs_of_documents(binding: BindingConfig) -> tuple[list[list[Row]], int]:
+    by_file: dict[str, list[Row]] = {}
+    count = 0
+    for name, _line, doc in documents(binding.source.path):
+        by_file.setdefault(name, []).append(doc)
+        count += 1
+    return [[doc for name in group for doc in by_file.get(name, [])] for group in file_epochs(binding)], count
 
 
-def _sequence(binding: BindingConfig, doc: Row) -> tuple[Any, ...]:
-    """A document's ``sequence_by`` values, comparable: numbers exactly (Decimal), strings as text."""
-    out = []
-    for path in binding.sequence_by:
-        value = _path_value(doc, path)
-        if value is None or isinstance(value, (bool, dict, list)):
-            raise SourceError(f"sequence field {path!r} is missing or not a number or a string in {doc!r}")
-        out.append(value if isinstance(value, str) else Decimal(str(value)))
-    return tuple(out)
+def _from_model(binding: BindingConfig, unique_keys: bool) -> Expected:
+    """The table as materializer/semantics.py (the change semantics' model) states it."""
+    from materializer import semantics
+
+    epochs, count = _epochs_of_documents(binding)
+    try:
+        rows = semantics.materialize(binding, epochs)
+    except ValueError as exc:
+        return Expected(binding=binding.name, verified=False, reason=f"the model cannot state this binding: {exc}")
+    out: dict[Key, Counter[str]] = {}
+    for row in rows:
+        out.setdefault(key_of(row, binding.key), Counter())[canonical(row)] += 1
+    return Expected(
+        binding=binding.name, verified=True, unique_keys=unique_keys, rows=out, epochs=len(epochs), documents=count,
+        ignored=("__deleted_at", "__from", "__reset_at"),
+    )
 
 
 def documents_changes(binding: BindingConfig, max_documents: int) -> Expected:
-    """A change-controlled ``documents`` binding in standard mode (materializer/changes.py's
-    semantics, written again plainly): epoch by epoch, each epoch's changes in (sequence, file,
-    line) order; a change older than the row stored before the epoch changes nothing; a delete
-    leaves a tombstone (``sequence_by``) or a soft-deleted row (``soft_delete``)."""
-    if binding.delete_when:
-        return Expected(binding=binding.name, verified=False, reason="delete_when is SQL, which the oracle does not evaluate")
-    sequenced = bool(binding.sequence_by)
-    keeps = sequenced or binding.soft_delete
-
-    def lands(name: str) -> bool:
-        if name in binding.key:
-            return True
-        if binding.columns is not None:
-            return name in binding.columns
-        return name not in binding.except_columns
-
-    # key -> {"seq": tuple | None, "deleted": bool, "fields": {...}}
-    state: dict[Key, dict[str, Any]] = {}
-    count = 0
-    by_file: dict[str, list[tuple[int, Row]]] = {}
-    for name, line, doc in documents(binding.source.path):
-        by_file.setdefault(name, []).append((line, doc))
-        count += 1
-    for group in file_epochs(binding):
-        changes = [
-            ((_sequence(binding, doc) if sequenced else ()), position, line, doc)
-            for position, name in enumerate(group) for line, doc in by_file.get(name, [])
-        ]
-        changes.sort(key=lambda c: (c[0], c[1], c[2]))
-        stored = {k: v["seq"] for k, v in state.items()}  # the rows as the epoch's MERGE finds them
-        epoch_start = {k: dict(v["fields"]) for k, v in state.items()}
-        for seq, _position, _line, doc in changes:
-            k = key_of(doc, binding.key)
-            if sequenced and k in stored and stored[k] is not None and seq < stored[k]:
-                continue  # a late change: older than the stored row
-            fields = {f: v for f, v in _fields(doc).items() if lands(f)}
-            current = state.get(k)
-            if _is_delete(doc):
-                if binding.soft_delete:
-                    if k in epoch_start:
-                        # The row as the epoch's MERGE found it stays (this epoch's earlier changes do not).
-                        state[k] = {"seq": seq, "deleted": True, "fields": dict(epoch_start[k])}
-                    elif sequenced:
-                        state[k] = {"seq": seq, "deleted": True, "fields": fields}
-                    else:
-                        state.pop(k, None)  # no row to mark
-                elif sequenced:
-                    state[k] = {"seq": seq, "deleted": True, "fields": {f: doc.get(f) for f in binding.key}}
-                else:
-                    state.pop(k, None)
-                continue
-            if binding.ignore_null_updates and current is not None and not current["deleted"]:
-                merged = dict(current["fields"])
-                merged.update({f: v for f, v in fields.items() if v is not None})
-                fields = merged
-            state[k] = {"seq": seq, "deleted": False, "fields": fields}
-    rows: dict[Key, Counter[str]] = {}
-    for k, v in state.items():
-        row = dict(v["fields"])
-        if sequenced:
-            row["__sequence"] = {path.replace(".", "__"): value for path, value in zip(binding.sequence_by, v["seq"])}
-        if keeps:
-            row["__deleted"] = v["deleted"]
-        elif v["deleted"]:
-            continue
-        rows[k] = Counter([canonical(row)])
-    return Expected(
-        binding=binding.name, verified=True, unique_keys=True, rows=rows, epochs=len(file_epochs(binding)),
-        documents=count, ignored=("__deleted_at",),
-    )
+    """A change-controlled ``documents`` binding in standard mode: materializer/semantics.py's model
+    of sequence order, tombstones, soft deletes and column control, over the files' epochs."""
+    return _from_model(binding, unique_keys=True)
 
 
 @register("documents", "scd2")
 def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
-    """``mode: scd2`` (materializer/changes.py's rules, written again plainly), epoch by epoch: the
-    epoch's changes (one per key and start, the last in file order; the start is the sequence, or
-    the epoch's number) join the stored versions of their keys, the change replacing a stored
-    version of the same start; in start order, runs of upserts with unchanged tracked fields (every
-    upsert alone without ``track_history``) are one version holding the values of the run's
-    latest change; a delete is a row of its own; a version ends where the next starts."""
-    if binding.delete_when:
-        return Expected(binding=binding.name, verified=False, reason="delete_when is SQL, which the oracle does not evaluate")
-    sequenced = bool(binding.sequence_by)
-    tracking = binding.track_history is not None or bool(binding.track_history_except)
-
-    def lands(name: str) -> bool:
-        if name in binding.key:
-            return True
-        if binding.columns is not None:
-            return name in binding.columns
-        return name not in binding.except_columns
-
-    def tracked(fields: Row) -> Row:
-        names = set(fields) | set(all_fields)
-        if binding.track_history is not None:
-            names &= set(binding.track_history)
-        names -= set(binding.track_history_except) | set(binding.key)
-        return {n: fields.get(n) for n in sorted(names)}
-
-    # key -> [{"start", "seq", "op", "fields"}] in start order
-    stored: dict[Key, list[dict[str, Any]]] = {}
-    all_fields: set[str] = set()
-    count = 0
-    by_file: dict[str, list[tuple[int, Row]]] = {}
-    for name, line, doc in documents(binding.source.path):
-        by_file.setdefault(name, []).append((line, doc))
-        count += 1
-    for epoch, group in enumerate(file_epochs(binding), start=1):
-        changes: dict[tuple[Key, Any], dict[str, Any]] = {}
-        for name in group:
-            for _line, doc in by_file.get(name, []):
-                seq = _sequence(binding, doc) if sequenced else (Decimal(epoch),)
-                fields = {f: v for f, v in _fields(doc).items() if lands(f)}
-                all_fields.update(f for f in fields if f not in binding.key)
-                k = key_of(doc, binding.key)
-                changes[(k, seq)] = {"start": seq, "seq": seq, "op": "d" if _is_delete(doc) else "u", "fields": fields}
-        for k in {k for k, _seq in changes}:
-            events = {e["start"]: e for e in stored.get(k, [])}
-            events.update({c["start"]: c for (ck, _s), c in changes.items() if ck == k})
-            runs: list[dict[str, Any]] = []
-            previous: dict[str, Any] | None = None
-            for start in sorted(events):
-                e = events[start]
-                opens = (
-                    previous is None or previous["op"] == "d" or e["op"] == "d" or not tracking
-                    or tracked(previous["fields"]) != tracked(e["fields"])
-                )
-                if opens:
-                    runs.append({"start": start, "op": e["op"], "seq": e["seq"], "fields": e["fields"]})
-                elif e["seq"] > runs[-1]["seq"]:
-                    runs[-1].update(seq=e["seq"], fields=e["fields"])
-                previous = e
-            stored[k] = runs
-    rows: dict[Key, Counter[str]] = {}
-
-    def point(seq: tuple[Any, ...]) -> Any:
-        if not sequenced or len(seq) == 1:
-            return seq[0]
-        return {path.replace(".", "__"): value for path, value in zip(binding.sequence_by, seq)}
-
-    for k, runs in stored.items():
-        counter: Counter[str] = Counter()
-        for i, run in enumerate(runs):
-            end = runs[i + 1]["start"] if i + 1 < len(runs) else None
-            deleted = run["op"] == "d"
-            row = dict(run["fields"]) if not deleted else {f: v for f, v in run["fields"].items() if f in binding.key}
-            row.update({
-                "__start_at": point(run["start"]), "__end_at": None if end is None else point(end),
-                "__current": end is None and not deleted, "__deleted": deleted,
-            })
-            if sequenced:
-                row["__sequence"] = {path.replace(".", "__"): v for path, v in zip(binding.sequence_by, run["seq"])}
-            counter[canonical(row)] += 1
-        rows[k] = counter
-    return Expected(
-        binding=binding.name, verified=True, unique_keys=False, rows=rows, epochs=len(file_epochs(binding)), documents=count,
-    )
+    """``mode: scd2``: every version, as materializer/semantics.py's model states them."""
+    return _from_model(binding, unique_keys=False)
 
 
 def expected(binding: BindingConfig, max_documents: int) -> Expected:
