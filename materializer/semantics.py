@@ -269,7 +269,7 @@ def _scd2_epoch(
         events[start] = _Version(start, sequence, change.delete, change.fields)
     runs: list[_Version] = []
     previous: _Version | None = None
-    for start in sorted(events, key=_point_order):
+    for start in sorted(events):
         e = events[start]
         opens = (
             previous is None or previous.delete or e.delete or not tracking
@@ -289,10 +289,6 @@ def _start(options: Options, sequence: tuple[Any, ...]) -> Any:
     """README: "`__start_at` (the change's sequence, the one field itself when `sequence_by` has
     one, otherwise the struct; without `sequence_by`, the transaction's epoch number)"."""
     return sequence[0] if len(sequence) == 1 else sequence
-
-
-def _point_order(point: Any) -> Any:
-    return point
 
 
 def _scd2(options: Options, changes: list[Change], epochs: int) -> list[Row]:
