@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from materializer import sqltypes
 from materializer.config import BindingConfig
 from materializer.delta import quote
 from materializer.errors import SourceError
@@ -229,7 +230,7 @@ def merge_source(rows: "DataFrame", binding: BindingConfig) -> "DataFrame":
         fields = [c for c in rows.columns if c not in HIDDEN and c != OP and c not in binding.key]
         sequence = rows.schema[SEQUENCE].dataType
         rows = rows.withColumn(FROM, F.struct(*[
-            (F.col(FROM)[c] if c in have else F.lit(None).cast(sequence)).alias(c) for c in fields
+            (F.col(FROM)[c] if c in have else F.lit(None).cast(sqltypes.plain(sequence))).alias(c) for c in fields
         ]))
     if not tombstones(binding):
         return rows
@@ -474,7 +475,7 @@ def scd2_versions(staged: "DataFrame", existing: "DataFrame | None", binding: Bi
 
     keys = [F.col(quote(k)) for k in binding.key]
     sequenced = SEQUENCE in staged.columns
-    events = staged.withColumn(START_AT, F.coalesce(F.col(START_AT), F.lit(epoch).cast(staged.schema[START_AT].dataType)))
+    events = staged.withColumn(START_AT, F.coalesce(F.col(START_AT), F.lit(epoch).cast(sqltypes.plain(staged.schema[START_AT].dataType))))
     if not sequenced:
         events = events.withColumn(SEQUENCE, F.col(START_AT))  # the change's own order
     events = events.withColumn(_RANK, F.lit(1))

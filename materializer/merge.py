@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
+from materializer import sqltypes
 from materializer import changes, crash, events
 from materializer.bounds import bounds_condition
 from materializer.config import BindingConfig, PipelineConfig
@@ -237,7 +238,9 @@ class DeltaWriter:
         from pyspark.sql import functions as F
 
         if source is None:
-            rows = self.apply_spark.createDataFrame([], read_table(self.apply_spark, table).schema)
+            # No rows, the table's own schema (no schema object sent from this client: over Connect
+            # its strings would come back collated, sqltypes.py).
+            rows = read_table(self.apply_spark, table).limit(0)
         else:
             rows = source
         current = read_table(self.apply_spark, table).schema
@@ -493,9 +496,9 @@ def align(df: "DataFrame", schema: Any, *, keep_extra: bool) -> "DataFrame":
                 target = (unify_types(field.dataType, source) if keep_extra else None) or field.dataType
                 columns.append(conform(column, source, target).alias(field.name))
             else:
-                columns.append(column.cast(field.dataType).alias(field.name))
+                columns.append(column.cast(sqltypes.plain(field.dataType)).alias(field.name))
         else:
-            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+            columns.append(F.lit(None).cast(sqltypes.plain(field.dataType)).alias(field.name))
     known = {f.name for f in schema.fields}
     if keep_extra:
         columns += [F.col(quote(c)) for c in df.columns if c not in known]

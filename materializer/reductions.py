@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from materializer import sqltypes
 from materializer.config import BindingConfig
 from materializer.delta import quote
 from materializer.errors import ConfigError, SourceError
@@ -158,7 +159,7 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
 
     def value(name: str, types: dict[str, DataType], nulls: list[str], target: DataType) -> Column:
         if name not in types or name in nulls:
-            return F.lit(None).cast(target)
+            return F.lit(None).cast(sqltypes.plain(target))
         return conform(F.col(quote(name)), types[name], target, _type_message(binding, name))
 
     def origin(rank: int, nulls: list[str]) -> Column:
@@ -179,11 +180,11 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
         key_types = {f.name: f.dataType for f in documents.schema.fields if f.name in keys}
         loaded_row = F.struct(
             origin(0, loaded_nulls).alias(_ORIGIN),
-            F.lit(None).cast(seq_type).alias(SEQ),  # never compared: the loaded row's origin sorts first
+            F.lit(None).cast(sqltypes.plain(seq_type)).alias(SEQ),  # never compared: the loaded row's origin sorts first
             F.lit("u").alias(OP),
             *[value(name, loaded_types, loaded_nulls, target).alias(name) for name, target in targets.items()],
         )
-        current = loaded.select(*[F.col(quote(k)).cast(key_types[k]).alias(k) for k in keys], loaded_row.alias(_ROW))
+        current = loaded.select(*[F.col(quote(k)).cast(sqltypes.plain(key_types[k])).alias(k) for k in keys], loaded_row.alias(_ROW))
         rows = rows.unionByName(current)
 
     state_type = StructType(
@@ -196,11 +197,11 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
         # A delete resets the key: its lastWriteWins fields are the delete document's, the rest NULL.
         reset = F.struct(
             F.lit("d").alias(OP),
-            *[(doc[name] if name in lww else F.lit(None).cast(t)).alias(name) for name, t in targets.items()],
-        ).cast(state_type)
+            *[(doc[name] if name in lww else F.lit(None).cast(sqltypes.plain(t))).alias(name) for name, t in targets.items()],
+        ).cast(sqltypes.plain(state_type))
         update = F.struct(
             F.lit("u").alias(OP), *[steps[name](acc[name], doc[name]).alias(name) for name in targets]
-        ).cast(state_type)
+        ).cast(sqltypes.plain(state_type))
         return F.when(doc[OP] == F.lit("d"), reset).otherwise(update)
 
     def in_order(x: "Column", y: "Column") -> "Column":
@@ -214,8 +215,8 @@ def _fold(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingCo
         )
 
     zero = F.struct(
-        F.lit(None).cast(StringType()).alias(OP), *[F.lit(None).cast(t).alias(name) for name, t in targets.items()]
-    ).cast(state_type)
+        F.lit(None).cast(sqltypes.plain(StringType())).alias(OP), *[F.lit(None).cast(sqltypes.plain(t)).alias(name) for name, t in targets.items()]
+    ).cast(sqltypes.plain(state_type))
     folded = rows.groupBy(*[F.col(quote(k)) for k in keys]).agg(F.collect_list(_ROW).alias(_DOCS))
     folded = folded.select(
         *[F.col(quote(k)) for k in keys],
@@ -341,17 +342,17 @@ def conform(column: "Column", source: "DataType", target: "DataType", message: s
             (
                 conform(column[f.name], have[f.name], f.dataType, message)
                 if f.name in have
-                else F.lit(None).cast(f.dataType)
+                else F.lit(None).cast(sqltypes.plain(f.dataType))
             ).alias(f.name)
             for f in target.fields
         ]
-        return F.when(column.isNull(), F.lit(None).cast(target)).otherwise(F.struct(*parts).cast(target))
+        return F.when(column.isNull(), F.lit(None).cast(sqltypes.plain(target))).otherwise(F.struct(*parts).cast(sqltypes.plain(target)))
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
-        return F.transform(column, lambda e: conform(e, source.elementType, target.elementType, message)).cast(target)
+        return F.transform(column, lambda e: conform(e, source.elementType, target.elementType, message)).cast(sqltypes.plain(target))
     if isinstance(source, StringType) and isinstance(target, (StructType, ArrayType, MapType)):
         # A string cannot become an object or array: it must be JSON's all-NULL placeholder.
-        return F.when(column.isNull(), F.lit(None).cast(target)).otherwise(F.raise_error(F.lit(message)).cast(target))
-    return column.cast(target)
+        return F.when(column.isNull(), F.lit(None).cast(sqltypes.plain(target))).otherwise(F.raise_error(F.lit(message)).cast(sqltypes.plain(target)))
+    return column.cast(sqltypes.plain(target))
 
 
 Step = Callable[["Column", "Column"], "Column"]
@@ -389,5 +390,5 @@ def _deep_merge(a: "Column", b: "Column", data_type: "DataType") -> "Column":
     if not isinstance(data_type, StructType):
         return F.coalesce(b, a)  # a leaf: the later non-NULL value wins
     fields = [_deep_merge(a[f.name], b[f.name], f.dataType).alias(f.name) for f in data_type.fields]
-    merged: Column = F.struct(*fields).cast(data_type)
+    merged: Column = F.struct(*fields).cast(sqltypes.plain(data_type))
     return F.when(b.isNull(), a).when(a.isNull(), b).otherwise(merged)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from materializer import sqltypes
 from materializer.bounds import bound_aggregates, bounds_from
 from materializer.delta import quote
 from materializer.errors import StagingError, TableStateError
@@ -260,5 +261,5 @@ def _without_void(df: "DataFrame") -> "DataFrame":
     if all(t is None for t in changed.values()):
         return df
     return df.select(
-        *[F.col(quote(name)).cast(t).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
+        *[F.col(quote(name)).cast(sqltypes.plain(t)).alias(name) if t is not None else F.col(quote(name)) for name, t in changed.items()]
     )

@@ -40,6 +40,7 @@ from urllib.parse import unquote
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from materializer import sqltypes
 from materializer.errors import ConfigError, SourceError
 from materializer.dead_letters import rejected_rows, split
 from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
@@ -662,7 +663,7 @@ class _Reader:
                     F.substring(F.to_json(got), 1, 200),
                     F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
                 )
-                rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(f.dataType).isNull(), message))
+                rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(sqltypes.plain(f.dataType)).isNull(), message))
         return rules
 
     def checked(self, parsed: "DataFrame", lean: bool = False) -> "DataFrame":
@@ -874,7 +875,7 @@ class _Reader:
     def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
         from pyspark.sql import functions as F
 
-        doc = _with_void(F.col("__v").cast(_cast_type(schema)), schema) if schema.fields else None
+        doc = _with_void(F.col("__v").cast(sqltypes.plain(_cast_type(schema))), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
         columns = [] if doc is None else [_typed(doc[f.name], f.dataType).alias(f.name) for f in schema.fields]
         if self.sequence_by:
@@ -937,7 +938,7 @@ def _typed(field: "Column", dtype: Any) -> "Column":
 
     if not _by_text(dtype):
         return field
-    return F.coalesce(F.to_json(field).try_cast(dtype), field.cast(dtype))
+    return F.coalesce(F.to_json(field).try_cast(sqltypes.plain(dtype)), field.cast(sqltypes.plain(dtype)))
 
 
 def _void_as(dtype: Any) -> Any:
