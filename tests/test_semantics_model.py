@@ -171,12 +171,9 @@ def _canon(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _delta_rs_rows(table: Path) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable, QueryBuilder
+    from tests.helpers import delta_rs_rows
 
-    import pyarrow as pa
-
-    reader = QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT * FROM t")
-    return pa.table(reader.read_all()).to_pylist()
+    return delta_rs_rows(table)
 
 
 def _run_example(spark: Any, root: Path, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> tuple[Any, Path]:
