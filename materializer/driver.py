@@ -542,7 +542,7 @@ def _name_problems(data_type: Any, path: str, *, refuse_characters: bool) -> lis
     return problems
 
 
-def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]:
+def _type_problems(source: list[Any], target: list[Any], path: str, nested: bool = False) -> list[str]:
     """Why fields ``source`` cannot be written into the table's fields ``target`` losslessly."""
     problems = []
     by_name = {f.name: f for f in target}
@@ -558,7 +558,7 @@ def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]
                     "case-insensitive, so it would be neither a new column nor the same one"
                 )
             continue  # a new column or sub-field: schema evolution adds it
-        problem = _type_problem(field.dataType, wanted.dataType, where)
+        problem = _type_problem(field.dataType, wanted.dataType, where, nested)
         if problem:
             problems.append(problem)
     return problems
@@ -567,8 +567,12 @@ def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]
 _WIDER = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
 
 
-def _type_problem(source: Any, target: Any, where: str) -> str | None:
-    """None if a value of type ``source`` fits a column of type ``target`` (nullability aside)."""
+def _type_problem(source: Any, target: Any, where: str, nested: bool = False) -> str | None:
+    """None if a value of type ``source`` fits a column of type ``target`` (nullability aside).
+
+    ``nested``: inside a struct, array or map, where neither the staged rows' value checks
+    (:meth:`DeltaDriver._check_rows`, top-level columns) nor type widening reach: a number type
+    wider than the table's there is refused by its type."""
     from pyspark.sql.types import (
         ArrayType,
         DecimalType,
@@ -583,7 +587,7 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
     if isinstance(source, NullType) or source == target:
         return None
     if isinstance(source, StructType) and isinstance(target, StructType):
-        problems = _type_problems(list(source.fields), list(target.fields), where)
+        problems = _type_problems(list(source.fields), list(target.fields), where, nested=True)
         return "; ".join(problems) or None
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
         element = source.elementType
@@ -593,10 +597,19 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
                     f"field {where!r} holds array<{element.simpleString()}> but the table's column is "
                     f"{target.simpleString()}, which may not hold every value"
                 )
-        return _type_problem(element, target.elementType, where + "[]")
+        return _type_problem(element, target.elementType, where + "[]", nested=True)
     if isinstance(source, MapType) and isinstance(target, MapType):
-        return _type_problem(source.keyType, target.keyType, where + "{key}") or _type_problem(
-            source.valueType, target.valueType, where + "{}"
+        return _type_problem(source.keyType, target.keyType, where + "{key}", nested=True) or _type_problem(
+            source.valueType, target.valueType, where + "{}", nested=True
+        )
+    if nested and _wider_number(source, target):
+        return (
+            f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there: "
+            "a wider number type inside a struct, array or map is neither widened (type widening here covers "
+            "top-level columns) nor checked value by value. Declare the field as "
+            f"{target.simpleString()} in source.schema, or widen the table's field yourself after the pipeline is "
+            f"drained (ALTER TABLE … ALTER COLUMN {where.replace('[]', '.element').replace('{}', '.value')} TYPE "
+            f"{source.simpleString()}, on a table with delta.enableTypeWidening)"
         )
     if isinstance(source, IntegralType) and isinstance(target, (IntegralType, DecimalType, FloatType, DoubleType)):
         return None  # narrowing is checked on the staged rows (_check_rows)
@@ -608,6 +621,19 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
         f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there "
         "(no silent conversion: it would lose or change data)"
     )
+
+
+def _wider_number(source: Any, target: Any) -> bool:
+    """``source`` is a number type some of whose values a ``target`` column cannot hold."""
+    from pyspark.sql.types import DecimalType, IntegralType
+
+    if isinstance(source, IntegralType) and isinstance(target, IntegralType):
+        return _WIDER[source.simpleString()] > _WIDER[target.simpleString()]
+    if isinstance(source, IntegralType) and isinstance(target, DecimalType):
+        return target.precision - target.scale < {1: 3, 2: 5, 3: 10, 4: 19}[_WIDER[source.simpleString()]]
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType):
+        return target.scale < source.scale or target.precision - target.scale < source.precision - source.scale
+    return False
 
 
 def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:
