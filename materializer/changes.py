@@ -377,13 +377,21 @@ def staged_only(columns: list[str]) -> list[str]:
 
 
 def merge_sql(
-    binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "", target_filter: str = ""
+    binding: BindingConfig, target: str, source_view: str, columns: list[str], evolve: str = "", target_filter: str = "",
+    target_columns: "list[str] | None" = None,
 ) -> str:
     """The standard-mode MERGE of a change-controlled binding. ``columns``: the source's columns
-    (the table's, aligned, plus new ones, ``_op`` and the hidden ones of :func:`merge_source`)."""
+    (the table's, aligned, plus new ones, ``_op`` and the hidden ones of :func:`merge_source`).
+    ``target_columns``: the table's (None: it has every hidden column the binding uses). A hidden
+    column the table lacks yet (``sequence_by`` set on a table made without it) reads as NULL: a
+    stored row without a sequence is older than any change; the MERGE's schema evolution adds it."""
 
     def q(name: str) -> str:
         return "`" + name.replace("`", "``") + "`"
+
+    def t_(name: str) -> str:
+        """The stored row's column ``name``, NULL while the table lacks it."""
+        return f"t.{q(name)}" if target_columns is None or name in target_columns else "NULL"
 
     keys = binding.key
     data = [c for c in columns if c not in HIDDEN and c != OP]
@@ -391,9 +399,9 @@ def merge_sql(
     condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys) + target_filter  # the epoch's key bounds
     sequenced = SEQUENCE in columns
     # A stored row without a sequence was written before sequence_by was set: older than any change.
-    newer = f" AND (t.{q(SEQUENCE)} IS NULL OR s.{q(SEQUENCE)} >= t.{q(SEQUENCE)})" if sequenced else ""
+    newer = f" AND ({t_(SEQUENCE)} IS NULL OR s.{q(SEQUENCE)} >= {t_(SEQUENCE)})" if sequenced else ""
     is_delete = f"s.{q(OP)} = 'd'"
-    was_deleted = f"coalesce(t.{q(DELETED)}, false)" if tombstones(binding) else "false"
+    was_deleted = f"coalesce({t_(DELETED)}, false)" if tombstones(binding) else "false"
 
     def value(c: str) -> str:
         if not binding.ignore_null_updates or c in keys:
@@ -401,12 +409,13 @@ def merge_sql(
         # The stored value survives a NULL unless it was deleted since: by a delete stored in the
         # table, or by one of this epoch's deletes newer than the stored row.
         if sequenced:
-            reset = f"(s.{q(RESET)} IS NOT NULL AND (t.{q(SEQUENCE)} IS NULL OR s.{q(RESET)} >= t.{q(SEQUENCE)}))"
+            reset = f"(s.{q(RESET)} IS NOT NULL AND ({t_(SEQUENCE)} IS NULL OR s.{q(RESET)} >= {t_(SEQUENCE)}))"
             # A value from a change older than the stored row is a late change's: it changes nothing.
-            late = f" WHEN s.{q(FROM)}.{q(c)} < t.{q(SEQUENCE)} THEN t.{q(c)}" if FROM in columns else ""
+            late = f" WHEN s.{q(FROM)}.{q(c)} < {t_(SEQUENCE)} THEN {t_(c)}" if FROM in columns else ""
         else:
             reset, late = f"coalesce(s.{q(RESET)}, false)", ""
-        return f"CASE WHEN {was_deleted} OR {reset} THEN s.{q(c)} WHEN s.{q(c)} IS NULL THEN t.{q(c)}{late} ELSE s.{q(c)} END"
+        # (A field new to the table has no stored value: NULL, until the MERGE's evolution adds it.)
+        return f"CASE WHEN {was_deleted} OR {reset} THEN s.{q(c)} WHEN s.{q(c)} IS NULL THEN {t_(c)}{late} ELSE s.{q(c)} END"
 
     hidden_sets = []
     if sequenced:
@@ -416,7 +425,7 @@ def merge_sql(
         on_delete = hidden_sets + [f"{q(DELETED)} = true"]
         if binding.soft_delete:
             # Deleted again: the first time stays.
-            on_delete.append(f"{q(DELETED_AT)} = CASE WHEN {was_deleted} THEN t.{q(DELETED_AT)} ELSE s.{q(DELETED_AT)} END")
+            on_delete.append(f"{q(DELETED_AT)} = CASE WHEN {was_deleted} THEN {t_(DELETED_AT)} ELSE s.{q(DELETED_AT)} END")
         else:
             on_delete += [f"{q(c)} = NULL" for c in fields]
         clauses.append(f"WHEN MATCHED AND {is_delete}{newer} THEN UPDATE SET {', '.join(on_delete)}")

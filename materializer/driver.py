@@ -39,6 +39,8 @@ from materializer.dead_letters import for_epoch
 from materializer.errors import ConfigError, SourceError, TableStateError
 from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems, layout_problems
 from materializer.widening import widened_schema, widening_enabled
+from materializer import option_changes
+from materializer.option_changes import table_options
 from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
 from materializer.staging import StagingArea
 from materializer.progress import Collector
@@ -166,6 +168,69 @@ class DeltaDriver(Driver):
                 continue
             self._check_layout(binding, table)
             self._check_writers(binding, table)
+            self._check_options(binding, table, state.txn_version, checkpoint, last_epoch)
+
+    def _check_options(
+        self, binding: BindingConfig, table: TableRef, applied: int | None, checkpoint: DriverCheckpoint | None, last_epoch: int
+    ) -> None:
+        """Options changed since the last committed epoch (or against what the table holds) apply
+        by their rule or stop the run here, before anything is read or committed
+        (:mod:`materializer.option_changes`); what a rule adds to the table is added now."""
+        facts = schema_and_properties(self.spark, table)
+        if facts is None:
+            return
+        recorded = None
+        if checkpoint is not None:
+            for name in (binding.name, *binding.previous_names):
+                if name in checkpoint.options:
+                    recorded = checkpoint.options[name]
+                    break
+        pending = (
+            checkpoint is not None
+            and checkpoint.staged.get(binding.name) is not None
+            and binding.name not in checkpoint.skipped
+            and (applied is None or applied < checkpoint.epoch)
+        )
+        option_changes.check(binding, recorded, facts[0], facts[1], pending)
+        self._add_deleted_columns(binding, table, facts[0], last_epoch)
+
+    def _add_deleted_columns(self, binding: BindingConfig, table: TableRef, schema: Any, epoch: int) -> None:
+        """``sequence_by`` or ``soft_delete`` set on a table made without them: add ``__deleted``
+        (false on every stored row, so ``WHERE NOT __deleted`` still finds them) and, for soft deletes,
+        ``__deleted_at``, before the first epoch that needs them is applied.
+
+        One MERGE of the table with its own keys, with schema evolution: the columns and their values
+        arrive in one commit (tagged, with no txn id: the epoch's own MERGE still records the epoch),
+        so a crash leaves either nothing or both, and the next Open finds them there. The last epoch
+        is applied by then (option_changes refuses a change while it is not): staged work is drained
+        before the schema changes (DESIGN: Delta apply)."""
+        from materializer.changes import DELETED, DELETED_AT, tombstones
+        from materializer.delta import USER_METADATA, sql_name, user_metadata
+
+        if binding.mode != "standard" or not tombstones(binding):
+            return
+        names = {f.name for f in schema.fields}
+        missing = {}
+        if DELETED not in names:
+            missing[DELETED] = "false"
+        if binding.soft_delete and DELETED_AT not in names:
+            missing[DELETED_AT] = "CAST(NULL AS TIMESTAMP)"
+        if not missing:
+            return
+        target = sql_name(table)
+        keys = ", ".join(quote(k) for k in binding.key)
+        values = ", ".join(f"{v} AS {quote(c)}" for c, v in missing.items())
+        on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in binding.key)
+        sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in missing)
+        conf = self.apply_spark.conf
+        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
+        try:
+            self.apply_spark.sql(
+                f"MERGE WITH SCHEMA EVOLUTION INTO {target} t USING (SELECT {keys}, {values} FROM {target}) s ON {on} "
+                f"WHEN MATCHED THEN UPDATE SET {sets}"
+            ).collect()
+        finally:
+            conf.unset(USER_METADATA)
 
     def _check_retention_default(self) -> None:
         """A session default for the txn retention would reach every table we create."""
@@ -484,7 +549,8 @@ class DeltaDriver(Driver):
         crash.crash_point("after-stage", epoch)
         return StartedCommit(
             driver_checkpoint=DriverCheckpoint(
-                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead
+                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
+                options={b.name: table_options(b) for b in self.config.bindings},
             )
         )
 

@@ -285,7 +285,9 @@ class DeltaWriter:
         if binding.mode == "scd2":
             merge = changes.scd2_merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
         elif binding.change_controlled:
-            merge = changes.merge_sql(binding, sql_name(table), view, aligned.columns, evolve, bounds)
+            merge = changes.merge_sql(
+                binding, sql_name(table), view, aligned.columns, evolve, bounds, target_columns=[f.name for f in target_schema.fields]
+            )
         else:
             merge = merge_sql(sql_name(table), view, binding.key, [c for c in aligned.columns if c != OP], evolve, bounds)
         try:
