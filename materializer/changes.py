@@ -35,7 +35,8 @@ older than any change.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
 from materializer.config import BindingConfig
 from materializer.delta import quote
@@ -177,7 +178,8 @@ def with_deletes(docs: "DataFrame", binding: BindingConfig) -> "DataFrame":
     for _attempt in range(_MISSING_TRIES):
         frame, originals = _with_absent(docs, top, sub)
         try:
-            dtype = frame.select(F.expr(condition).alias("__delete")).schema["__delete"].dataType
+            with _quiet_analysis():
+                dtype = frame.select(F.expr(condition).alias("__delete")).schema["__delete"].dataType
         except AnalysisException as exc:
             found = error_condition(exc) or ""
             parameters = exc.getMessageParameters() or {}
@@ -208,6 +210,26 @@ def with_deletes(docs: "DataFrame", binding: BindingConfig) -> "DataFrame":
             (F.col(quote(originals[c])) if c in originals else F.col(quote(c))).alias(c) for c in docs.columns
         ])
     raise SourceError(f"{where} names more than {_MISSING_TRIES} fields this transaction's documents lack; nothing was committed.")
+
+
+@contextmanager
+def _quiet_analysis() -> Iterator[None]:
+    """PySpark logs every analysis error with a query context at ERROR, JVM stack and all, as the
+    exception is made; here an absent field is expected (and answered), not an error to log."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # pragma: no cover - PySpark before 4
+        yield
+        return
+    loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before):
+            logger.disabled = disabled
 
 
 def _with_absent(docs: "DataFrame", top: dict[str, list[str]], sub: set[str]) -> "tuple[DataFrame, dict[str, str]]":
