@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from materializer.option_changes import table_options
 from materializer.config import PipelineConfig
 from materializer.errors import ConfigError, SourceError
 from materializer import events
@@ -133,6 +134,7 @@ def start_backfill(
             rewind=before,
             written=written,
             truncate=[binding] if truncate else [],
+            options={b.name: table_options(b) for b in config.bindings},
         )
         # crash before this commit leaves nothing changed; after it, every run continues the backfill
         log.commit(epoch, runtime_checkpoint, checkpoint)

@@ -39,6 +39,8 @@ from materializer.dead_letters import for_epoch
 from materializer.errors import ConfigError, SourceError, TableStateError
 from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems, layout_problems
 from materializer.widening import widened_schema, widening_enabled
+from materializer import option_changes
+from materializer.option_changes import table_options
 from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
 from materializer.staging import StagingArea
 from materializer.progress import Collector
@@ -166,6 +168,69 @@ class DeltaDriver(Driver):
                 continue
             self._check_layout(binding, table)
             self._check_writers(binding, table)
+            self._check_options(binding, table, state.txn_version, checkpoint, last_epoch)
+
+    def _check_options(
+        self, binding: BindingConfig, table: TableRef, applied: int | None, checkpoint: DriverCheckpoint | None, last_epoch: int
+    ) -> None:
+        """Options changed since the last committed epoch (or against what the table holds) apply
+        by their rule or stop the run here, before anything is read or committed
+        (:mod:`materializer.option_changes`); what a rule adds to the table is added now."""
+        facts = schema_and_properties(self.spark, table)
+        if facts is None:
+            return
+        recorded = None
+        if checkpoint is not None:
+            for name in (binding.name, *binding.previous_names):
+                if name in checkpoint.options:
+                    recorded = checkpoint.options[name]
+                    break
+        pending = (
+            checkpoint is not None
+            and checkpoint.staged.get(binding.name) is not None
+            and binding.name not in checkpoint.skipped
+            and (applied is None or applied < checkpoint.epoch)
+        )
+        option_changes.check(binding, recorded, facts[0], facts[1], pending)
+        self._add_deleted_columns(binding, table, facts[0], last_epoch)
+
+    def _add_deleted_columns(self, binding: BindingConfig, table: TableRef, schema: Any, epoch: int) -> None:
+        """``sequence_by`` or ``soft_delete`` set on a table made without them: add ``__deleted``
+        (false on every stored row, so ``WHERE NOT __deleted`` still finds them) and, for soft deletes,
+        ``__deleted_at``, before the first epoch that needs them is applied.
+
+        One MERGE of the table with its own keys, with schema evolution: the columns and their values
+        arrive in one commit (tagged, with no txn id: the epoch's own MERGE still records the epoch),
+        so a crash leaves either nothing or both, and the next Open finds them there. The last epoch
+        is applied by then (option_changes refuses a change while it is not): staged work is drained
+        before the schema changes (DESIGN: Delta apply)."""
+        from materializer.changes import DELETED, DELETED_AT, tombstones
+        from materializer.delta import USER_METADATA, sql_name, user_metadata
+
+        if binding.mode != "standard" or not tombstones(binding):
+            return
+        names = {f.name for f in schema.fields}
+        missing = {}
+        if DELETED not in names:
+            missing[DELETED] = "false"
+        if binding.soft_delete and DELETED_AT not in names:
+            missing[DELETED_AT] = "CAST(NULL AS TIMESTAMP)"
+        if not missing:
+            return
+        target = sql_name(table)
+        keys = ", ".join(quote(k) for k in binding.key)
+        values = ", ".join(f"{v} AS {quote(c)}" for c, v in missing.items())
+        on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in binding.key)
+        sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in missing)
+        conf = self.apply_spark.conf
+        conf.set(USER_METADATA, user_metadata(self.config.pipeline_id, binding.name, epoch))
+        try:
+            self.apply_spark.sql(
+                f"MERGE WITH SCHEMA EVOLUTION INTO {target} t USING (SELECT {keys}, {values} FROM {target}) s ON {on} "
+                f"WHEN MATCHED THEN UPDATE SET {sets}"
+            ).collect()
+        finally:
+            conf.unset(USER_METADATA)
 
     def _check_retention_default(self) -> None:
         """A session default for the txn retention would reach every table we create."""
@@ -484,7 +549,8 @@ class DeltaDriver(Driver):
         crash.crash_point("after-stage", epoch)
         return StartedCommit(
             driver_checkpoint=DriverCheckpoint(
-                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead
+                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
+                options={b.name: table_options(b) for b in self.config.bindings},
             )
         )
 
@@ -542,7 +608,7 @@ def _name_problems(data_type: Any, path: str, *, refuse_characters: bool) -> lis
     return problems
 
 
-def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]:
+def _type_problems(source: list[Any], target: list[Any], path: str, nested: bool = False) -> list[str]:
     """Why fields ``source`` cannot be written into the table's fields ``target`` losslessly."""
     problems = []
     by_name = {f.name: f for f in target}
@@ -558,7 +624,7 @@ def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]
                     "case-insensitive, so it would be neither a new column nor the same one"
                 )
             continue  # a new column or sub-field: schema evolution adds it
-        problem = _type_problem(field.dataType, wanted.dataType, where)
+        problem = _type_problem(field.dataType, wanted.dataType, where, nested)
         if problem:
             problems.append(problem)
     return problems
@@ -567,8 +633,12 @@ def _type_problems(source: list[Any], target: list[Any], path: str) -> list[str]
 _WIDER = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
 
 
-def _type_problem(source: Any, target: Any, where: str) -> str | None:
-    """None if a value of type ``source`` fits a column of type ``target`` (nullability aside)."""
+def _type_problem(source: Any, target: Any, where: str, nested: bool = False) -> str | None:
+    """None if a value of type ``source`` fits a column of type ``target`` (nullability aside).
+
+    ``nested``: inside a struct, array or map, where neither the staged rows' value checks
+    (:meth:`DeltaDriver._check_rows`, top-level columns) nor type widening reach: a number type
+    wider than the table's there is refused by its type."""
     from pyspark.sql.types import (
         ArrayType,
         DecimalType,
@@ -583,7 +653,7 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
     if isinstance(source, NullType) or source == target:
         return None
     if isinstance(source, StructType) and isinstance(target, StructType):
-        problems = _type_problems(list(source.fields), list(target.fields), where)
+        problems = _type_problems(list(source.fields), list(target.fields), where, nested=True)
         return "; ".join(problems) or None
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
         element = source.elementType
@@ -593,10 +663,19 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
                     f"field {where!r} holds array<{element.simpleString()}> but the table's column is "
                     f"{target.simpleString()}, which may not hold every value"
                 )
-        return _type_problem(element, target.elementType, where + "[]")
+        return _type_problem(element, target.elementType, where + "[]", nested=True)
     if isinstance(source, MapType) and isinstance(target, MapType):
-        return _type_problem(source.keyType, target.keyType, where + "{key}") or _type_problem(
-            source.valueType, target.valueType, where + "{}"
+        return _type_problem(source.keyType, target.keyType, where + "{key}", nested=True) or _type_problem(
+            source.valueType, target.valueType, where + "{}", nested=True
+        )
+    if nested and _wider_number(source, target):
+        return (
+            f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there: "
+            "a wider number type inside a struct, array or map is neither widened (type widening here covers "
+            "top-level columns) nor checked value by value. Declare the field as "
+            f"{target.simpleString()} in source.schema, or widen the table's field yourself after the pipeline is "
+            f"drained (ALTER TABLE … ALTER COLUMN {where.replace('[]', '.element').replace('{}', '.value')} TYPE "
+            f"{source.simpleString()}, on a table with delta.enableTypeWidening)"
         )
     if isinstance(source, IntegralType) and isinstance(target, (IntegralType, DecimalType, FloatType, DoubleType)):
         return None  # narrowing is checked on the staged rows (_check_rows)
@@ -608,6 +687,19 @@ def _type_problem(source: Any, target: Any, where: str) -> str | None:
         f"field {where!r} arrives as {source.simpleString()} but the table holds {target.simpleString()} there "
         "(no silent conversion: it would lose or change data)"
     )
+
+
+def _wider_number(source: Any, target: Any) -> bool:
+    """``source`` is a number type some of whose values a ``target`` column cannot hold."""
+    from pyspark.sql.types import DecimalType, IntegralType
+
+    if isinstance(source, IntegralType) and isinstance(target, IntegralType):
+        return _WIDER[source.simpleString()] > _WIDER[target.simpleString()]
+    if isinstance(source, IntegralType) and isinstance(target, DecimalType):
+        return target.precision - target.scale < {1: 3, 2: 5, 3: 10, 4: 19}[_WIDER[source.simpleString()]]
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType):
+        return target.scale < source.scale or target.precision - target.scale < source.precision - source.scale
+    return False
 
 
 def _table_gone(pipeline: str, binding: str, table: str, last_epoch: int) -> str:

@@ -68,6 +68,10 @@ class DriverCheckpoint(Model):
     skipped: dict[str, str] = Field(default_factory=dict)
     """Bindings whose rows of this epoch were set aside by ``recover --skip-epoch``: where they
     were kept. The epoch is recorded on those tables without their rows."""
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per binding, the options its rows were staged with that shape its table
+    (:func:`materializer.option_changes.table_options`): the next Open compares the configuration
+    with them (README: 'Changing options on a table that exists'). Empty in older entries."""
 
 
 # --- messages ----------------------------------------------------------------------------------

@@ -282,6 +282,9 @@ def _target_type(binding: BindingConfig, name: str, doc: "DataType | None", curr
     return unified
 
 
+_INTEGER_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+
+
 def unify_types(current: "DataType", doc: "DataType") -> "DataType | None":
     """A type both can be converted to by :func:`conform`; None if there is none."""
     from pyspark.sql.types import (
@@ -314,7 +317,8 @@ def unify_types(current: "DataType", doc: "DataType") -> "DataType | None":
         return None if element is None else ArrayType(element, True)
     if isinstance(current, NumericType) and isinstance(doc, NumericType):
         if isinstance(current, IntegralType) and isinstance(doc, IntegralType):
-            return current if current.defaultSize() >= doc.defaultSize() else doc
+            # The wider of the two (PySpark's types have no defaultSize, unlike Scala's).
+            return current if _INTEGER_RANK[current.simpleString()] >= _INTEGER_RANK[doc.simpleString()] else doc
         return DoubleType()
     # JSON infers a string for values that were all NULL (and NullType inside empty arrays).
     if isinstance(doc, (StringType, NullType)):

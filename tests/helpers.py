@@ -265,3 +265,18 @@ class InProcessCrash:
             raise errors[0]
         assert self.fired.is_set(), "the run ended without reaching the crash point"
         return thread
+
+
+def delta_rs_rows(table: Path | str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The Delta table read by delta-rs (no Spark) as {key: row}, NULL fields dropped as in
+    :func:`table_rows`: the second reader every checked table must open (DESIGN invariant 12).
+    The table must be written without deletion vectors (delta-rs reads their log, not their rows)."""
+    from deltalake import DeltaTable
+
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in DeltaTable(str(table)).to_pyarrow_table().to_pylist():
+        data = {k: v for k, v in row.items() if v is not None}
+        k = tuple(data[f] for f in key)
+        assert k not in out, f"key {k} appears twice in {table}"
+        out[k] = data
+    return out

@@ -91,3 +91,49 @@ def test_soft_delete_with_sequence_by_keeps_late_upserts_out(spark: Any, tmp_pat
     rows = _table(spark, tmp_path / "t")
     assert {k: (r["v"], r["__deleted"]) for k, r in rows.items()} == {1: (1, True), 2: (None, True)}
     _check_oracle(spark, config)
+
+
+def test_delete_when_on_fields_an_epoch_lacks_is_no_delete(spark: Any, tmp_path: Path) -> None:
+    """A field delete_when names that no document of the epoch carries (at the top, or inside a
+    struct that is there, or a whole path) reads as NULL: not a delete, and no stuck epoch."""
+    from tests.test_holes import last_epoch
+
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", [{"id": 1, "v": 1}, {"id": 2, "v": 2, "after": {"x": 1}}])  # no is_deleted anywhere
+    write_jsonl(src / "b.jsonl", [{"id": 1, "is_deleted": True}, {"id": 3, "v": 3, "is_deleted": False}])
+    write_jsonl(src / "c.jsonl", [{"id": 2, "after": {"gone": True}}, {"id": 4, "v": 4, "after": {"x": 2}}])
+    config = _config(
+        tmp_path, max_files=1, delete_when="is_deleted OR after.gone OR meta.flags.deleted", except_columns=["is_deleted"],
+        deletion_vectors=False,  # read by delta-rs below
+    )
+    assert _run(spark, config).last_epoch == 3 and last_epoch(config) == 3
+    assert {k: r["v"] for k, r in _table(spark, tmp_path / "t").items()} == {3: 3, 4: 4}
+    from deltalake import DeltaTable
+
+    # Nothing of the NULL fields added to evaluate the condition lands in the table.
+    assert sorted(f.name for f in DeltaTable(str(tmp_path / "t")).schema().fields) == ["after", "id", "v"]
+    assert sorted(r["id"] for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()) == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "doc, condition, message",
+    [
+        ({"id": 1, "is_deleted": "yes"}, "is_deleted", "binding b: .*is string on this transaction's documents, not a condition"),
+        ({"id": 1, "after": 5}, "after.gone", r"binding b: delete_when 'after.gone' cannot be evaluated"),
+        # Analysed fine (the text is cast to a number), failing in the staging job: still before commit.
+        ({"id": 1, "op": 5}, "op = 'DELETE'", r"or delete_when \"op = 'DELETE'\" compares a field with a value of another type"),
+    ],
+)
+def test_delete_when_that_cannot_be_evaluated_is_refused_before_commit(
+    spark: Any, tmp_path: Path, doc: dict[str, Any], condition: str, message: str
+) -> None:
+    from materializer.errors import SourceError
+    from tests.test_holes import last_epoch
+
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 2, "v": 2}])
+    write_jsonl(tmp_path / "src" / "b.jsonl", [doc])
+    config = _config(tmp_path, max_files=1, delete_when=condition)
+    with pytest.raises(SourceError, match=message):
+        _run(spark, config)
+    assert last_epoch(config) == 1  # the first epoch landed, the second was never committed
+    assert list(_table(spark, tmp_path / "t")) == [2]

@@ -184,3 +184,26 @@ def test_shuffled_sequences_with_late_deletes_match_the_oracle(spark: Any, tmp_p
     config = _config(tmp_path, max_files=2, sequence_by=["ts"])
     _run(spark, config)
     _check_oracle(spark, config)
+
+
+@pytest.mark.spark
+def test_sequence_by_added_to_a_binding_whose_table_exists(spark: Any, tmp_path: Path) -> None:
+    """It was committed, then failed to apply (a stuck epoch). Rows stored before sequence_by have
+    no sequence: any change is newer; every stored row gets ``__deleted = false``."""
+    from tests.helpers import delta_rs_rows
+    from tests.test_holes import last_epoch
+
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", [{"id": 1, "v": 1, "ts": 7}, {"id": 2, "v": 2, "ts": 7}])
+    _run(spark, _config(tmp_path, max_files=1, deletion_vectors=False))
+    write_jsonl(src / "b.jsonl", [{"id": 1, "v": 10, "ts": 0}, {"id": 3, "ts": 5, "_meta": {"op": "d"}}, {"id": 4, "v": 4, "ts": 1}])
+    write_jsonl(src / "c.jsonl", [{"id": 1, "v": 99, "ts": -1}, {"id": 3, "v": 3, "ts": 4}])  # both older: nothing changes
+    config = _config(tmp_path, max_files=1, deletion_vectors=False, sequence_by=["ts"])
+    assert _run(spark, config).last_epoch == 3 and last_epoch(config) == 3
+    rows = _table(spark, tmp_path / "t")
+    got = {k: (r["v"], r["__deleted"], r["__sequence"]["ts"] if r["__sequence"] else None) for k, r in rows.items()}
+    assert got == {1: (10, False, 0), 2: (2, False, None), 3: (None, True, 5), 4: (4, False, 1)}
+    live = spark.read.format("delta").load(str(tmp_path / "t")).where("NOT __deleted")
+    assert sorted(r["id"] for r in live.collect()) == [1, 2, 4]
+    rust = delta_rs_rows(tmp_path / "t", ["id"])
+    assert {k[0]: (r.get("v"), r["__deleted"]) for k, r in rust.items()} == {k: g[:2] for k, g in got.items()}

@@ -90,3 +90,41 @@ def test_delta_updates_appends_widen_too(spark: Any, tmp_path: Path) -> None:
     Runtime(config, spark).run()
     assert spark.read.format("delta").load(str(table)).schema["n"].dataType.simpleString() == "bigint"
     assert [r["n"] for r in spark.read.format("delta").load(str(table)).collect()] == [2**40]
+
+
+@pytest.mark.spark
+def test_a_wider_type_inside_a_struct_is_refused_before_commit_naming_the_field(spark: Any, tmp_path: Path) -> None:
+    """Declared ``s STRUCT<a: INT>``, then ``STRUCT<a: BIGINT>``, on a table with type widening:
+    refused before the epoch is committed (it was committed, then failed to apply); the narrower
+    declaration again runs on, and a narrower declared type than the table's lands."""
+    table = tmp_path / "tables" / "items"
+    props = {"properties": {"delta.enableTypeWidening": "true"}, "deletion_vectors": False}
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "s": {"a": 1}, "l": [1]}])
+    narrow = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, s STRUCT<a: INT>, l ARRAY<INT>", **props)])
+    Runtime(narrow, spark).run()
+
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "s": {"a": 2**40}, "l": [2]}])
+    wide = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, s STRUCT<a: BIGINT>, l ARRAY<INT>", **props)])
+    with pytest.raises(SourceError, match=r"binding items: .*field 's\.a' arrives as bigint but the table holds int"):
+        Runtime(wide, spark).run()
+    assert last_epoch(wide) == 1
+    (tmp_path / "src" / "b.jsonl").write_text('{"id": 2, "s": {"a": 2}, "l": [2]}\n')  # fits INT: only the list is wider
+    wide_list = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, s STRUCT<a: INT>, l ARRAY<BIGINT>", **props)])
+    with pytest.raises(SourceError, match=r"field 'l' holds array<bigint>"):
+        Runtime(wide_list, spark).run()
+    assert last_epoch(wide_list) == 1
+
+    # With the narrower declaration restored, the pipeline runs on.
+    Runtime(narrow, spark).run()
+    # Narrower than the table (SMALLINT into INT) fits: it lands.
+    write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 3, "s": {"a": 3}, "l": [3]}])
+    smaller = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, s STRUCT<a: SMALLINT>, l ARRAY<INT>", **props)])
+    Runtime(smaller, spark).run()
+    assert last_epoch(smaller) == 3
+    rows = table_rows(spark, table, ["id"])
+    assert {k[0]: r["s"]["a"] for k, r in rows.items()} == {1: 1, 2: 2, 3: 3}
+    # delta-rs reads the log and schema (not the rows: it lacks the typeWidening reader feature).
+    from deltalake import DeltaTable
+
+    types = {f.name: f.type for f in DeltaTable(str(table)).schema().fields}
+    assert types["s"].fields[0].type.type == "integer" and types["l"].element_type.type == "integer"

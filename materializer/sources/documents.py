@@ -456,6 +456,7 @@ def _change_controlled(reader: "_Reader", binding: Any) -> None:
 
     reader.sequence_by = list(binding.sequence_by)
     reader.hidden = hidden_columns(binding)
+    reader.delete_when = binding.delete_when
 
 
 def _quote(name: str) -> str:
@@ -489,6 +490,9 @@ class _Reader:
         self.sequence_by: list[str] = []
         """The binding's ``sequence_by`` paths: checked per document, and read into ``__sequence``."""
         self.hidden: tuple[str, ...] = ()
+        self.delete_when: str | None = None
+        """The binding's ``delete_when``: a cast it implies (a field compared with a literal of
+        another type) fails in the staging job like a value that does not fit the schema."""
         """Top-level names the table keeps for itself (materializer.changes), refused in documents."""
         self.shape: Shape = None
         """The epoch's merged shape, once :meth:`check` ran (types the sequence fields)."""
@@ -897,9 +901,14 @@ class _Reader:
             except SourceError as located:
                 return located
         first = next((line for line in text.splitlines() if "INVALID_VARIANT_CAST" in line or "CAST_INVALID_INPUT" in line), text)
+        what = "does not fit source.schema" if self.declared is not None else "cannot be converted"
+        fix = "Fix the document, or change source.schema" if self.declared is not None else "Fix the document"
+        if self.delete_when:
+            what += f", or delete_when {self.delete_when!r} compares a field with a value of another type"
+            fix += ", or delete_when"
         return SourceError(
-            f"{self.store.uri}: a value of this transaction's documents does not fit source.schema: "
-            f"{first.strip().split(' SQLSTATE')[0]} Fix the document, or change source.schema. {self._hint()}"
+            f"{self.store.uri}: a value of this transaction's documents {what}: "
+            f"{first.strip().split(' SQLSTATE')[0]} {fix}. {self._hint()}"
         )
 
 

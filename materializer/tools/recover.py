@@ -211,7 +211,8 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     dead.update({n: f for n, f in started.driver_checkpoint.dead_letters.items() if n in restage})
     truncate = list(last.driver_checkpoint.truncate) if last is not None and last.driver_checkpoint is not None and last_epoch == target else []
     driver_checkpoint = DriverCheckpoint(
-        epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate
+        epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate,
+        options=started.driver_checkpoint.options,
     )
     entry = log.commit(target, new_checkpoint, driver_checkpoint)
     summary.recommitted_epoch = target
