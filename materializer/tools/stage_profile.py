@@ -2,9 +2,10 @@
 
 ``python -m materializer.tools.stage_profile [--documents N] [--repeats R]`` generates one epoch
 of the bench's documents (:func:`materializer.tools.bench.generate_collection`), then runs each
-variant below as its own Spark job, ``R`` times after one warm-up run, and prints the JVM CPU
-seconds of each run (psutil, user + system, :func:`materializer.tools.bench.cpu_seconds`) and its
-wall seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they measure reading,
+variant below as its own Spark job, ``R`` times after one warm-up run, and prints the CPU seconds
+of each run of the JVM and of Spark's Python workers (its child processes, which run
+``mapInArrow``: psutil, user + system, :func:`materializer.tools.bench.cpu_seconds`) and its wall
+seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they measure reading,
 parsing and checking alone; the ``parquet`` ones combine (last per key) and write Parquet as a
 staging job does. Compare figures of one run only: they are taken side by side on one machine.
 
@@ -136,16 +137,24 @@ def main(argv: list[str] | None = None) -> None:
             run()  # warm-up: JIT and first-use costs are nobody's
         # Round-robin: each round runs every variant once, so a slow spell of a shared machine
         # touches all of them alike.
-        figures: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
         for _ in range(args.repeats):
             for name, run in variants.items():
                 c0, t0 = bench.cpu_seconds(), time.monotonic()
                 run()
-                figures[name].append((bench.cpu_seconds()[1] - c0[1], time.monotonic() - t0))
-        print(f"{args.documents} documents; JVM CPU s / wall s per run, {args.repeats} rounds; median JVM CPU s")
+                c1 = bench.cpu_seconds()
+                figures[name].append((c1[1] - c0[1], c1[2] - c0[2], time.monotonic() - t0))
+        print(
+            f"{args.documents} documents; per run CPU s of the JVM + Spark's Python workers / wall s, "
+            f"{args.repeats} rounds; medians of the total and of the workers' part"
+        )
         for name, runs in figures.items():
-            median = sorted(cpu for cpu, _ in runs)[len(runs) // 2]
-            print(f"{name:58s} " + "   ".join(f"{cpu:5.2f} / {wall:4.2f}" for cpu, wall in runs) + f"   median {median:5.2f}")
+            median = sorted(jvm + workers for jvm, workers, _ in runs)[len(runs) // 2]
+            median_workers = sorted(workers for _, workers, _ in runs)[len(runs) // 2]
+            print(
+                f"{name:58s} " + "   ".join(f"{jvm:5.2f}+{workers:4.2f} / {wall:4.2f}" for jvm, workers, wall in runs)
+                + f"   median {median:5.2f} (workers {median_workers:4.2f})"
+            )
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
