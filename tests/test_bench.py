@@ -101,7 +101,8 @@ def test_cpu_per_epoch_is_the_big_epochs_total_over_their_count_not_a_median() -
 
 def test_cpu_seconds_count_the_jvms_children_alive_and_exited(tmp_path: Path) -> None:
     # A stand-in for the JVM (a process named java) whose child burns CPU and exits, as a Spark
-    # Python worker does: its seconds must show as the workers', not vanish with it.
+    # Python worker does, under a parent that ignores SIGCHLD as pyspark.daemon does (the kernel
+    # then discards the child's times): its seconds must show as the workers', not vanish with it.
     import os
     import subprocess
     import sys
@@ -110,10 +111,12 @@ def test_cpu_seconds_count_the_jvms_children_alive_and_exited(tmp_path: Path) ->
 
     java = tmp_path / "java"
     os.symlink(sys.executable, java)
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.8: pass\n"
     parent = (
-        "import subprocess, sys, time\n"
-        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"  # exits and is reaped
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        "while child.poll() is None: time.sleep(0.05)\n"
         "print('done', flush=True)\n"
         "time.sleep(30)\n"
     )
@@ -123,6 +126,7 @@ def test_cpu_seconds_count_the_jvms_children_alive_and_exited(tmp_path: Path) ->
         assert fake.stdout is not None and fake.stdout.readline().strip() == "done"
         after = cpu_seconds()
         assert after[2] - before[2] >= 0.5, (before, after)
+        assert cpu_seconds()[2] >= after[2]  # never falls: an exited worker keeps its last reading
     finally:
         fake.kill()
         fake.wait()
