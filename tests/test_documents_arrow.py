@@ -8,25 +8,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from materializer.errors import SourceError
 from materializer.sources.document_check import VALIDATOR_CONF
 from tests.test_documents import declared, write
+from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 from tests.test_documents_one_pass import staged_then_verified
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def arrow(spark: Any) -> Iterator[Any]:
-    spark.conf.set(VALIDATOR_CONF, "arrow")
-    try:
-        yield spark
-    finally:
-        spark.conf.unset(VALIDATOR_CONF)
 
 
 def _run(spark: Any, tmp_path: Path, validator: str, src: Any = None) -> tuple[str, Any]:
