@@ -310,3 +310,25 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     assert routes == ["arrow", "arrow"]
     rows = table_rows(spark, table, ["id"])
     assert {key[0]: row.get("note") for key, row in rows.items()} == {2: "a:b", 5: '{"any":1}'}
+
+
+def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Spark's verdict is final: were the validator to pass a value from_json cannot read (here
+    every document is made fast), the staging job fails (FAILFAST) and the error path names the
+    document; nothing lands as NULL."""
+    from materializer.sources import document_check
+
+    def all_fast(*_args: Any) -> Any:
+        def run(batches: Any) -> Any:
+            import pyarrow as pa
+
+            for batch in batches:
+                yield pa.RecordBatch.from_arrays([*batch.columns, pa.array([True] * batch.num_rows)], names=[*batch.schema.names, "__ok"])
+
+        return run
+
+    monkeypatch.setattr(document_check, "check_batches", all_fast)
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "amount": 2}', '{"id": 2, "at": "yesterday"}'])
+    status, text = _run(spark, tmp_path, "arrow")
+    assert status == "refused"
+    assert f"{tmp_path / 'src' / 'a.jsonl'}:2: a value does not fit source.schema: field 'at' holds \"yesterday\"" in text
