@@ -187,7 +187,10 @@ TYPED = {
         st.lists(nullable(st.fixed_dictionaries({}, optional={"k": nullable(texts), "v": nullable(_ints(63))}).map(lambda d: "{" + ",".join(f'"{k}":{v}' for k, v in d.items()) + "}")), max_size=3)
         .map(lambda xs: "[" + ", ".join(xs) + "]")
     ),
-    "at": st.sampled_from(["null", '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"yesterday"', "1700000000"]),
+    # Strings only: the VARIANT route refuses a TIMESTAMP field holding numbers and strings in one
+    # epoch ("holds values of different JSON kinds"), which would refuse most corpora (random
+    # values still bring numbers now and then).
+    "at": st.sampled_from(["null", '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"yesterday"']),
     "day": st.sampled_from(["null", '"2024-01-02"', '"2024-02-30"']),
     "price": st.sampled_from(["null", "1.005", "12.5", "123456789.5", "7"]),
     "f": st.sampled_from(["null", "1.5", "3.4e39", "-0.0"]),
