@@ -285,6 +285,11 @@ def build_session(
         settings["spark.driver.host"] = host
         settings["spark.driver.bindAddress"] = host
         env["SPARK_LOCAL_IP"] = host  # else the JVM warns that the host name resolves to loopback
+    if master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # Spark's Python workers (mapInArrow: the documents source's validator) run this
+        # interpreter, which has the wheel's dependencies; Spark's default, the `python3` on PATH,
+        # may not (PySpark reads the variable when the session starts).
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     if s3:
         settings.update(s3a_conf())
     settings.update(conf or {})

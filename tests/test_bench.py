@@ -71,8 +71,11 @@ def test_epoch_phases_carry_the_python_and_jvm_cpu_seconds_of_each_epoch() -> No
     assert [(p["python_cpu"], p["jvm_cpu"]) for p in phases] == [(0.5, 10.0), (0.25, 4.0)]
     collector = TimingCollector()
     collector.emit(Opened(pipeline="p", epoch=0, writer="w"))
-    python, jvm = collector.cpu[0]
-    assert python > 0 and jvm >= 0  # measured from the process, not made up
+    python, jvm, workers = collector.cpu[0]
+    assert python > 0 and jvm >= 0 and workers >= 0  # measured from the process, not made up
+    # With the Python workers' figures, each epoch gets theirs too.
+    three = [(p, j, j / 10) for p, j in cpu]
+    assert [p["worker_cpu"] for p in epoch_phases(events, three)] == [pytest.approx(1.0), pytest.approx(0.4)]
 
 
 def test_cpu_per_epoch_is_the_big_epochs_total_over_their_count_not_a_median() -> None:
@@ -91,6 +94,42 @@ def test_cpu_per_epoch_is_the_big_epochs_total_over_their_count_not_a_median() -
     assert block == {"python_cpu_seconds_per_epoch": pytest.approx(2.0 / 3), "jvm_cpu_seconds_per_epoch": pytest.approx(20.0)}
     assert _cpu_total(block) == pytest.approx(62.0 / 3)
     assert _cpu([{"epoch": 1}], big=1) == {"python_cpu_seconds_per_epoch": None, "jvm_cpu_seconds_per_epoch": None}
+    # Spark's Python workers count in the total (issue #25): moving work to them is not free.
+    workers = [{**e, "worker_cpu": 3.0} for e in epochs]
+    assert _cpu_total(_cpu(workers, big=3)) == pytest.approx(62.0 / 3 + 3.0)
+
+
+def test_cpu_seconds_count_the_jvms_children_alive_and_exited(tmp_path: Path) -> None:
+    # A stand-in for the JVM (a process named java) whose child burns CPU and exits, as a Spark
+    # Python worker does, under a parent that ignores SIGCHLD as pyspark.daemon does (the kernel
+    # then discards the child's times): its seconds must show as the workers', not vanish with it.
+    import os
+    import subprocess
+    import sys
+
+    from materializer.tools.bench import cpu_seconds
+
+    java = tmp_path / "java"
+    os.symlink(sys.executable, java)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.8: pass\n"
+    parent = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        "while child.poll() is None: time.sleep(0.05)\n"
+        "print('done', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    before = cpu_seconds()
+    fake = subprocess.Popen([str(java), "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout is not None and fake.stdout.readline().strip() == "done"
+        after = cpu_seconds()
+        assert after[2] - before[2] >= 0.5, (before, after)
+        assert cpu_seconds()[2] >= after[2]  # never falls: an exited worker keeps its last reading
+    finally:
+        fake.kill()
+        fake.wait()
 
 
 def test_epoch_phases_of_a_pipelined_run_overlap_the_read_with_the_apply() -> None:

@@ -420,6 +420,10 @@ class DocumentsSource(Source):
         declared = self.declared_schema(spark)
         reader = _Reader(spark, store, self.binding.key, declared, checkpoint, dead_letter=self.binding.on_invalid == "dead_letter")
         _change_controlled(reader, self.binding)
+        if declared is not None:
+            from materializer.sources.document_check import validator
+
+            reader.validator = validator(spark)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
         if declared is not None and until is None and self.defer_checks and not reader.sequence_by and not reader.dead_letter:
@@ -496,6 +500,11 @@ class _Reader:
         """Top-level names the table keeps for itself (materializer.changes), refused in documents."""
         self.shape: Shape = None
         """The epoch's merged shape, once :meth:`check` ran (types the sequence fields)."""
+        self.validator = "variant"
+        """How :meth:`deferred` checks: ``variant`` (Spark expressions) or ``arrow``
+        (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
+        self.fast: int | None = None
+        """Documents the ``arrow`` validator found fast, once its staging job has run."""
 
     # --- reading ---
 
@@ -744,6 +753,10 @@ class _Reader:
         from pyspark.sql import functions as F
 
         assert self.declared is not None
+        if self.validator == "arrow":
+            from materializer.sources import document_check
+
+            return document_check.deferred(self, parsed)
         self._parsed = parsed
         checked = self.checked(parsed)
         # A VARIANT cast fails on a value that does not fit its type (whatever spark.sql.ansi.enabled
@@ -881,7 +894,14 @@ class _Reader:
 
         doc = _with_void(F.col("__v").cast(sqltypes.plain(_cast_type(schema))), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
-        columns = [] if doc is None else [_typed(doc[f.name], f.dataType).alias(f.name) for f in schema.fields]
+        columns = [] if doc is None else [_typed(doc[f.name], f.dataType) for f in schema.fields]
+        if "__j" in parsed.columns:
+            # The arrow validator's fast documents, typed by from_json (document_check).
+            from materializer.sources.document_check import typed_fast
+
+            columns = [typed_fast(c, f.name) for c, f in zip(columns, schema.fields)]
+            op = F.when(F.col("__ok"), F.when(F.col("__j._meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))).otherwise(op)
+        columns = [c.alias(f.name) for c, f in zip(columns, schema.fields)]
         if self.sequence_by:
             from materializer.changes import SEQUENCE, sequence_column
 
@@ -891,6 +911,12 @@ class _Reader:
     def explain(self, exc: BaseException) -> SourceError | None:
         """A cast the per-document checks could not foresee (a value inside an array, say)."""
         text = str(exc)
+        if self.validator == "arrow":
+            from materializer.sources import document_check
+
+            found = document_check.explain(self, text)
+            if found is not None:
+                return found
         if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:
             return None
         if self._parsed is not None:

@@ -406,26 +406,83 @@ def _count(spark: "SparkSession", table: Path) -> int:
 # --- ours -----------------------------------------------------------------------------------------
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """(this Python process's CPU seconds, its java children's: the Spark JVM), user + system.
+class WorkerCpu:
+    """The CPU seconds of Spark's Python workers, the JVM's child processes, exited ones included.
+
+    A worker's seconds cannot be read once it has exited, and its parent does not keep them:
+    ``pyspark.daemon`` ignores SIGCHLD, so the kernel reaps the workers it forks and discards
+    their times (a bench run showed the workers' sum fall by 1.8 s over an epoch when it was read
+    from live processes only). So a thread samples every process under the JVM every
+    ``interval`` seconds and keeps each one's last reading: an exited worker counts with what it
+    had used at the last sample before it ended (at most ``interval`` of CPU short). The
+    sampler's own CPU is not charged to the driver's Python (:attr:`own`)."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.interval = interval
+        self._seen: dict[tuple[int, float], float] = {}
+        self._lock = threading.Lock()
+        self.own = 0.0
+        """CPU seconds the sampling thread has used (taken off the driver's figure)."""
+        self._thread = threading.Thread(target=self._loop, name="bench-worker-cpu", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            started = time.thread_time()
+            self.sample()
+            with self._lock:
+                self.own += time.thread_time() - started
+            time.sleep(self.interval)
+
+    def sample(self) -> tuple[float, float]:
+        """(the JVM's CPU seconds, the workers' so far) after reading every process now."""
+        psutil = self._psutil
+        jvm = 0.0
+        readings: dict[tuple[int, float], float] = {}
+        for child in self._me.children():
+            try:
+                if "java" not in child.name().lower():
+                    continue
+                t = child.cpu_times()
+                jvm += t.user + t.system
+                for worker in child.children(recursive=True):
+                    try:
+                        w = worker.cpu_times()
+                        readings[(worker.pid, worker.create_time())] = w.user + w.system + w.children_user + w.children_system
+                    except psutil.Error:
+                        continue
+            except psutil.Error:
+                continue
+        with self._lock:
+            for key, seconds in readings.items():
+                self._seen[key] = max(seconds, self._seen.get(key, 0.0))
+            return jvm, sum(self._seen.values())
+
+
+_workers: WorkerCpu | None = None
+
+
+def cpu_seconds() -> tuple[float, float, float]:
+    """(this Python process's CPU seconds, its java children's: the Spark JVM, and the JVM's own
+    children's: Spark's Python workers, which run ``mapInArrow``), user + system.
 
     CPU time is what #12's goal is stated in: it stays steady on a shared machine when wall time
-    does not, and it shows work done in the driver's Python apart from work done by Spark.
+    does not, and it shows work done in the driver's Python apart from work done by Spark. The
+    workers are counted too, alive or exited (:class:`WorkerCpu`): left out, a route that moves
+    work from the JVM to them would look free (issue #25).
     """
     import psutil
 
-    me = psutil.Process()
-    times = me.cpu_times()
-    python = times.user + times.system
-    jvm = 0.0
-    for child in me.children(recursive=True):
-        try:
-            if "java" in child.name().lower():
-                t = child.cpu_times()
-                jvm += t.user + t.system
-        except psutil.Error:
-            continue
-    return python, jvm
+    global _workers
+    if _workers is None:
+        _workers = WorkerCpu()
+    jvm, workers = _workers.sample()
+    times = psutil.Process().cpu_times()
+    return times.user + times.system - _workers.own, jvm, workers
 
 
 class TimingCollector(Collector):
@@ -437,8 +494,8 @@ class TimingCollector(Collector):
 
     def __init__(self) -> None:
         self.events: list[tuple[float, str, dict[str, Any]]] = []
-        self.cpu: list[tuple[float, float]] = []
-        """Per event: (Python CPU seconds, JVM CPU seconds) of the process so far."""
+        self.cpu: list[tuple[float, ...]] = []
+        """Per event: (Python CPU seconds, JVM CPU seconds, Python workers' CPU seconds) so far."""
 
     def emit(self, event: Event) -> None:
         if isinstance(event, (events.SpanStarted, events.Span)):
@@ -473,7 +530,7 @@ def pipeline_config(
 
 
 def epoch_phases(
-    events: list[tuple[float, str, dict[str, Any]]], cpu: list[tuple[float, float]] | None = None
+    events: list[tuple[float, str, dict[str, Any]]], cpu: list[tuple[float, ...]] | None = None
 ) -> list[dict[str, Any]]:
     """Per epoch: read, stage, apply, and total, the epoch's share of the run's time.
 
@@ -490,14 +547,15 @@ def epoch_phases(
       which has nothing to overlap with): what each epoch adds to the run, i.e. its throughput.
 
     With ``cpu`` (per event, the CPU seconds so far), each epoch also gets ``python_cpu`` and
-    ``jvm_cpu``: the CPU seconds of the same interval as ``total``.
+    ``jvm_cpu`` (and ``worker_cpu``, Spark's Python workers, when ``cpu`` has them): the CPU
+    seconds of the same interval as ``total``.
     """
     opened: float | None = None
     read_at: dict[int, float] = {}
     documents: dict[int, int] = {}
     committed_at: dict[int, float] = {}
     acked_at: dict[int, float] = {}
-    cpu_at: dict[float, tuple[float, float]] = {}
+    cpu_at: dict[float, tuple[float, ...]] = {}
     for index, (ts, name, fields) in enumerate(events):
         if cpu is not None and index < len(cpu):
             cpu_at[ts] = cpu[index]
@@ -521,10 +579,7 @@ def epoch_phases(
         start = previous_ack if previous_ack is not None else opened
         figures: dict[str, Any] = {}
         if start in cpu_at and acked in cpu_at:
-            figures = {
-                "python_cpu": cpu_at[acked][0] - cpu_at[start][0],
-                "jvm_cpu": cpu_at[acked][1] - cpu_at[start][1],
-            }
+            figures = _cpu_delta(cpu_at[start], cpu_at[acked])
         out.append(
             {
                 **figures,
@@ -537,6 +592,12 @@ def epoch_phases(
             }
         )
     return out
+
+
+def _cpu_delta(before: tuple[float, ...], after: tuple[float, ...]) -> dict[str, float]:
+    """The CPU seconds between two :func:`cpu_seconds` readings, by process kind."""
+    names = ("python_cpu", "jvm_cpu", "worker_cpu")
+    return {name: b - a for name, a, b in zip(names, before, after)}
 
 
 SPAN_STEPS = {
@@ -723,7 +784,7 @@ def run_bare(spark: "SparkSession", work: Path, files: list[Path], table: Path) 
         j2, t2, c2 = next_job_id(spark), time.monotonic(), cpu_seconds()
         shutil.rmtree(staged, ignore_errors=True)
         jobs = {"stage_jobs": j1 - j0, "merge_jobs": j2 - j1} if None not in (j0, j1, j2) else {}  # type: ignore[operator]
-        cpu = {"python_cpu": c2[0] - c0[0], "jvm_cpu": c2[1] - c0[1]}
+        cpu = _cpu_delta(c0, c2)
         epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs, **cpu})
     return {"seconds": time.monotonic() - started, "epochs": epochs}
 
@@ -752,7 +813,7 @@ def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> di
         # CPU from the previous batch's end (the query's start): the trigger's planning included.
         now = cpu_seconds()
         before, cpu_mark[0] = cpu_mark[0], now
-        batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0, "python_cpu": now[0] - before[0], "jvm_cpu": now[1] - before[1]})
+        batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0, **_cpu_delta(before, now)})
 
     cpu_mark = [cpu_seconds()]
     started = time.monotonic()
@@ -776,7 +837,7 @@ def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> di
     for batch in batches:
         total = triggers.get(batch["batch_id"], batch["foreach_batch"])
         epochs.append({"epoch": batch["batch_id"] + 1, "foreach_batch": batch["foreach_batch"], "total": total,
-                       "python_cpu": batch["python_cpu"], "jvm_cpu": batch["jvm_cpu"]})
+                       **{k: v for k, v in batch.items() if k.endswith("_cpu")}})
     if query.exception() is not None:
         raise RuntimeError(f"peer query failed: {query.exception()}")
     return {"seconds": seconds, "epochs": epochs}
@@ -899,13 +960,18 @@ def _cpu(epochs: list[dict[str, Any]], big: int) -> dict[str, Any]:
         values = [e[key] for e in big_epochs if key in e]
         return sum(values) / len(values) if values else None
 
-    return {"python_cpu_seconds_per_epoch": mean("python_cpu"), "jvm_cpu_seconds_per_epoch": mean("jvm_cpu")}
+    out = {"python_cpu_seconds_per_epoch": mean("python_cpu"), "jvm_cpu_seconds_per_epoch": mean("jvm_cpu")}
+    if any("worker_cpu" in e for e in big_epochs):
+        out["worker_cpu_seconds_per_epoch"] = mean("worker_cpu")
+    return out
 
 
 def _cpu_total(block: dict[str, Any] | None) -> float | None:
+    """Every process's CPU per epoch: the driver's Python, the JVM and Spark's Python workers."""
     if not block or block.get("python_cpu_seconds_per_epoch") is None or block.get("jvm_cpu_seconds_per_epoch") is None:
         return None
-    return float(block["python_cpu_seconds_per_epoch"]) + float(block["jvm_cpu_seconds_per_epoch"])
+    workers = block.get("worker_cpu_seconds_per_epoch") or 0.0
+    return float(block["python_cpu_seconds_per_epoch"]) + float(block["jvm_cpu_seconds_per_epoch"]) + float(workers)
 
 
 def _wall_per_epoch(epochs: list[dict[str, Any]], big: int) -> float | None:
@@ -1047,7 +1113,7 @@ def bench_config(
         # ours end to end vs the bare MERGE alone
         "ours_over_bare_merge": _ratio(o["median_total_seconds"], b["median_merge_seconds"]),
         "ours_over_peer": _ratio(o["median_total_seconds"], p["median_total_seconds"]) if p else None,
-        # CPU seconds (Python + JVM) per epoch: steadier than wall time on a shared machine
+        # CPU seconds (Python + JVM + Python workers) per epoch: steadier than wall time on a shared machine
         "cpu_ours_over_bare": _ratio(_cpu_total(o), _cpu_total(b)),
         "cpu_ours_over_peer": _ratio(_cpu_total(o), _cpu_total(p)) if p else None,
         "one_row_ours_over_peer": _ratio(o["one_row_seconds"], p["one_row_seconds"]) if p else None,
@@ -1309,6 +1375,7 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("  Python (driver) CPU s/epoch", lambda c: _fmt(c["ours"].get("python_cpu_seconds_per_epoch"))),
         ("  Python CPU s per 1M documents", lambda c: _fmt(_per_million(c["ours"].get("python_cpu_seconds_per_epoch"), c["epoch_rows"]))),
         ("  JVM CPU s/epoch", lambda c: _fmt(c["ours"].get("jvm_cpu_seconds_per_epoch"))),
+        ("  Python workers' CPU s/epoch", lambda c: _fmt(c["ours"].get("worker_cpu_seconds_per_epoch"))),
         ("  stage (parse, wait, Parquet, log)", lambda c: _fmt(c["ours"]["median_stage_seconds"])),
         ("  apply (checks, MERGE, GC)", lambda c: _fmt(c["ours"]["median_apply_seconds"])),
         ("  wall: Open to last big epoch / epochs", lambda c: _fmt(c["ours"].get("wall_seconds_per_epoch"))),
@@ -1316,9 +1383,9 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("bare: s/epoch (stage + MERGE)", lambda c: _fmt(c["bare"]["median_total_seconds"])),
         ("  bare MERGE alone", lambda c: _fmt(c["bare"]["median_merge_seconds"])),
         ("  Spark jobs/MERGE", lambda c: _fmt(c["bare"].get("median_merge_spark_jobs"), "n")),
-        ("  bare CPU s/epoch: Python / JVM", lambda c: f"{_fmt(c['bare'].get('python_cpu_seconds_per_epoch'))} / {_fmt(c['bare'].get('jvm_cpu_seconds_per_epoch'))}"),
+        ("  bare CPU s/epoch: Python / JVM / workers", lambda c: _cpu_parts(c["bare"])),
         ("peer: s/batch (trigger)", lambda c: _fmt((c.get("peer") or {}).get("median_total_seconds"))),
-        ("  peer CPU s/batch: Python / JVM", lambda c: f"{_fmt((c.get('peer') or {}).get('python_cpu_seconds_per_epoch'))} / {_fmt((c.get('peer') or {}).get('jvm_cpu_seconds_per_epoch'))}"),
+        ("  peer CPU s/batch: Python / JVM / workers", lambda c: _cpu_parts(c.get("peer") or {})),
         ("ours rows/s", lambda c: _fmt(c["ours"]["rows_per_second"], "rows/s")),
         ("bare rows/s", lambda c: _fmt(c["bare"]["rows_per_second"], "rows/s")),
         ("peer rows/s", lambda c: _fmt((c.get("peer") or {}).get("rows_per_second"), "rows/s")),
@@ -1330,8 +1397,8 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("ours apply / bare MERGE", lambda c: _fmt(c["ratios"]["ours_apply_over_bare_merge"], "x")),
         ("ours / bare MERGE", lambda c: _fmt(c["ratios"]["ours_over_bare_merge"], "x")),
         ("ours / peer", lambda c: _fmt(c["ratios"]["ours_over_peer"], "x")),
-        ("ours / bare, CPU s (Python + JVM)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_bare"), "x")),
-        ("ours / peer, CPU s (Python + JVM)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_peer"), "x")),
+        ("ours / bare, CPU s (Python + JVM + workers)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_bare"), "x")),
+        ("ours / peer, CPU s (Python + JVM + workers)", lambda c: _fmt(c["ratios"].get("cpu_ours_over_peer"), "x")),
         ("replayed epoch: re-ack s (whole run, jobs)", lambda c: _replay(c)),
         ("replay in a fresh process: restart s (in-run s)", lambda c: _recovery(c, "replay_restart")),
         ("one-row epoch: ours s", lambda c: _fmt(c["ours"]["one_row_seconds"])),
@@ -1345,6 +1412,11 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["figure"] + [c["name"] for c in configs]
     rows = [[label] + [get(c) for c in configs] for label, get in figures]
     return header, rows
+
+
+def _cpu_parts(block: dict[str, Any]) -> str:
+    keys = ("python_cpu_seconds_per_epoch", "jvm_cpu_seconds_per_epoch", "worker_cpu_seconds_per_epoch")
+    return " / ".join(_fmt(block.get(k)) for k in keys)
 
 
 def _replay(c: dict[str, Any]) -> str:

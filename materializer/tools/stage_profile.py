@@ -2,9 +2,10 @@
 
 ``python -m materializer.tools.stage_profile [--documents N] [--repeats R]`` generates one epoch
 of the bench's documents (:func:`materializer.tools.bench.generate_collection`), then runs each
-variant below as its own Spark job, ``R`` times after one warm-up run, and prints the JVM CPU
-seconds of each run (psutil, user + system, :func:`materializer.tools.bench.cpu_seconds`) and its
-wall seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they measure reading,
+variant below as its own Spark job, ``R`` times after one warm-up run, and prints the CPU seconds
+of each run of the JVM and of Spark's Python workers (its child processes, which run
+``mapInArrow``: psutil, user + system, :func:`materializer.tools.bench.cpu_seconds`) and its wall
+seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they measure reading,
 parsing and checking alone; the ``parquet`` ones combine (last per key) and write Parquet as a
 staging job does. Compare figures of one run only: they are taken side by side on one machine.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], None]]:
+def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, Callable[[], None]]:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -36,10 +37,12 @@ def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], Non
     store = open_store(str(folder))
     declared = spark.createDataFrame([], bench.SCHEMA_DDL).schema  # what ours is given (source.schema)
     path = str(next(folder.glob("*.jsonl")))
+    args_documents = documents
 
-    def reader() -> tuple[_Reader, Any]:
+    def reader(validator: str = "variant") -> tuple[_Reader, Any]:
         found, legacy = store.list(), []
         r = _Reader(spark, store, [bench.KEY], declared, None)
+        r.validator = validator
         return r, r.parsed(plan_epoch(found, None, 1000, 1 << 40, store.uri, legacy))
 
     def noop(df: Any) -> None:
@@ -76,6 +79,30 @@ def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], Non
         parquet(combine(rows), "ours")
         verify()
 
+    def ours_arrow_noop() -> None:
+        r, parsed = reader("arrow")
+        rows, verify = r.deferred(parsed)
+        noop(rows)
+        verify()
+
+    def ours_arrow_parquet() -> None:
+        # The arrow validator (issue #25): msgspec in mapInArrow, from_json for the fast documents.
+        r, parsed = reader("arrow")
+        rows, verify = r.deferred(parsed)
+        parquet(combine(rows), "ours-arrow")
+        verify()
+        assert r.fast == args_documents, f"{r.fast} of {args_documents} documents fast"
+
+    def arrow_only_noop() -> None:
+        # The validator's pass alone: lines to Python and back, no typing.
+        from materializer.sources.document_check import OK, check_batches
+
+        text = lines()
+        marked = text.mapInArrow(
+            check_batches(declared.json(), [bench.KEY], []), T.StructType([*text.schema.fields, T.StructField(OK, T.BooleanType(), False)])
+        )
+        noop(marked)
+
     def ours_parquet_full_checks() -> None:
         # The staging job as it was before its lean checks: every per-document rule in the job.
         import uuid
@@ -109,8 +136,11 @@ def _variants(spark: Any, folder: Path, out: Path) -> dict[str, Callable[[], Non
         "json_object_keys noop": lambda: noop(lines().select(F.json_object_keys("value").alias("k"))),
         "ours: parse + cast, no checks, noop": ours_unchecked_noop,
         "ours: parse + checks + cast, noop": ours_noop,
+        "arrow: msgspec pass alone (mapInArrow), noop": arrow_only_noop,
+        "arrow: validator + from_json, noop": ours_arrow_noop,
         "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench._latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
+        "ours stage parquet, arrow validator (#25)": ours_arrow_parquet,
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
         "ours stage parquet, every field by the VARIANT cast (before typing from text)": ours_parquet_variant_cast,
     }
@@ -121,6 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=300_000, help="documents in the epoch (default 300000)")
     parser.add_argument("--repeats", type=int, default=3, help="measured runs per variant, after one warm-up (default 3)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="TEXT",
+        help="run only the variants whose name holds TEXT (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
 
     from materializer.spark import session_for
@@ -131,21 +165,31 @@ def main(argv: list[str] | None = None) -> None:
         folder = work / "source"
         bench.generate_collection(folder, max(args.documents, 1000), args.documents, 1, (0.5, 0.4, 0.1), 7, one_row=False)
         spark = session_for(args.master, {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}, app_name="stage-profile")
-        variants = _variants(spark, folder, work / "out")
+        variants = _variants(spark, folder, work / "out", args.documents)
+        if args.only:
+            variants = {name: run for name, run in variants.items() if any(text in name for text in args.only)}
         for run in variants.values():
             run()  # warm-up: JIT and first-use costs are nobody's
         # Round-robin: each round runs every variant once, so a slow spell of a shared machine
         # touches all of them alike.
-        figures: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
         for _ in range(args.repeats):
             for name, run in variants.items():
                 c0, t0 = bench.cpu_seconds(), time.monotonic()
                 run()
-                figures[name].append((bench.cpu_seconds()[1] - c0[1], time.monotonic() - t0))
-        print(f"{args.documents} documents; JVM CPU s / wall s per run, {args.repeats} rounds; median JVM CPU s")
+                c1 = bench.cpu_seconds()
+                figures[name].append((c1[1] - c0[1], c1[2] - c0[2], time.monotonic() - t0))
+        print(
+            f"{args.documents} documents; per run CPU s of the JVM + Spark's Python workers / wall s, "
+            f"{args.repeats} rounds; medians of the total and of the workers' part"
+        )
         for name, runs in figures.items():
-            median = sorted(cpu for cpu, _ in runs)[len(runs) // 2]
-            print(f"{name:58s} " + "   ".join(f"{cpu:5.2f} / {wall:4.2f}" for cpu, wall in runs) + f"   median {median:5.2f}")
+            median = sorted(jvm + workers for jvm, workers, _ in runs)[len(runs) // 2]
+            median_workers = sorted(workers for _, workers, _ in runs)[len(runs) // 2]
+            print(
+                f"{name:58s} " + "   ".join(f"{jvm:5.2f}+{workers:4.2f} / {wall:4.2f}" for jvm, workers, wall in runs)
+                + f"   median {median:5.2f} (workers {median_workers:4.2f})"
+            )
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

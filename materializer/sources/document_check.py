@@ -1,0 +1,339 @@
+"""Documents checked in Arrow batches on the executors by a compiled validator (issue #25).
+
+With a declared schema (``source.schema``) the documents reader can decide per document, in
+Python on the executors (``mapInArrow``, which Spark Connect and serverless run too), whether the
+document is one the VARIANT route (:mod:`materializer.sources.documents`) would take as it is,
+and whose declared fields Spark's own ``from_json`` types to the same values. Such a document is
+*fast*: it skips the VARIANT parse, cast and per-document checks. Every other document, bad or
+merely unusual, goes the VARIANT route in the same job, so its checks, its error texts and its
+values are the VARIANT route's own. Fast is therefore a promise that must never be made wrongly,
+and may be withheld freely: when in doubt, a document is not fast.
+
+A document is fast when msgspec (a compiled decoder) reads it into ``Struct`` types built from
+the declared schema: ``forbid_unknown_fields``, strict kinds (no int for a boolean, no float for
+an integer), integer ranges by ``msgspec.Meta``, key fields present and not null, ``_meta`` an
+object whose ``op`` is a string or null, nothing after the value. msgspec does not check what
+the VARIANT route also refuses, so the decoder's result is checked further:
+
+* **two equal keys**: msgspec keeps the last. Every key of a JSON text ends with a ``:`` outside
+  a string; the decoded values show the keys that were kept and the ``:`` inside strings. When the
+  text's ``:`` count is more than those, a key was dropped (or a ``_meta`` field msgspec skipped):
+  not fast. An escaped colon (``\\u003a``) would upset the count: not fast.
+* **a number past 38 digits**: the VARIANT route refuses it (a double would round it); msgspec
+  reads it as a float: a run of 39 digits anywhere makes the document not fast.
+* **values Spark and msgspec could read differently**: only integers, doubles, booleans and
+  strings (a STRING field taking a JSON string; another kind is kept as its text by the VARIANT
+  route), structs and arrays of them are typed here; a field of any other declared type
+  (timestamps, dates, decimals, floats, maps, binary) makes a document fast only when it is null
+  or absent. A ``-0`` fraction (the VARIANT route drops the sign) is not fast either.
+
+Names Delta refuses and names that differ only in case are never fast: the declared schema has
+none (``parse_schema`` refuses them), and ``forbid_unknown_fields`` compares names exactly.
+
+``from_json`` types the fast documents with ``mode FAILFAST``: where it still cannot read a value
+the staging job fails and the VARIANT route's checks (error path only) name the document; a value
+it cannot read never becomes a NULL.
+
+This module imports msgspec only on the executors, inside :func:`check_batches`: an executor
+without it stops the run with :data:`MISSING`, one paragraph, instead of a worker traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+OK = "__ok"
+"""The column ``mapInArrow`` adds: whether the document is fast."""
+
+MISSING = (
+    "materializer: msgspec is not installed on this Spark executor's Python. With source.schema the "
+    "documents source checks each document on the executors with msgspec, a dependency of the "
+    "delta-materializer wheel: install the wheel (or `pip install msgspec`, and pyarrow) on every node "
+    "of the cluster, as Databricks jobs and serverless do with the wheel's dependencies, or set the "
+    "Spark conf spark.materializer.documents.validator to variant to check in Spark expressions "
+    "instead. Nothing from this transaction was applied."
+)
+"""The error an executor without msgspec stops the job with; the driver reports this paragraph."""
+
+_RANGES = {"long": 63, "integer": 31, "short": 15, "byte": 7}
+
+_cache: dict[str, Any] = {}
+
+
+def _compile(schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]) -> tuple[Callable[[bytes, int], bool], str]:
+    """The per-document test for a declared schema (built once per executor process), and the
+    pattern of texts that are never fast (checked per batch, vectorized)."""
+    import msgspec
+    from msgspec import UNSET, Meta, UnsetType
+    from typing import Annotated
+
+    import json
+
+    counter = [0]
+    scalar_keys = [True]
+
+    def leaf(dtype: Any) -> tuple[Any, Any]:
+        """(msgspec type, walker spec) of a declared type; the type accepts null."""
+        if isinstance(dtype, dict):
+            kind = dtype["type"]
+            if kind == "struct":
+                return struct(dtype["fields"], top=False)
+            if kind == "array":
+                inner, spec = leaf(dtype["elementType"])
+                return list[inner] | None, ("list", spec)  # type: ignore[valid-type]
+            return type(None), None
+        if dtype in _RANGES:
+            bits = _RANGES[dtype]
+            return Annotated[int, Meta(ge=-(1 << bits), le=(1 << bits) - 1)] | None, None
+        if dtype == "double":
+            return float | None, None
+        if dtype == "boolean":
+            return bool | None, None
+        if dtype == "string":
+            return str | None, "str"
+        return type(None), None  # decimals, floats, dates, timestamps, binary, void: null only
+
+    def struct(fields: list[dict[str, Any]], top: bool) -> tuple[Any, Any]:
+        members: list[Any] = []
+        rename: dict[str, str] = {}
+        walk: list[tuple[int, Any]] = []
+        for field in fields:
+            name = field["name"]
+            if top and name in hidden:
+                continue
+            kind, spec = leaf(field["type"])
+            attr = f"f{len(members)}"
+            rename[attr] = name
+            if top and name in keys:
+                # Required and not null; a key must be a scalar, so a struct, an array or a type
+                # typed here only when null makes no document fast.
+                scalar_keys[0] = scalar_keys[0] and spec in (None, "str") and kind is not type(None) and not isinstance(field["type"], dict)
+                members.append((attr, kind.__args__[0] if kind is not type(None) else kind))
+            else:
+                members.append((attr, kind | UnsetType, UNSET))
+            if spec is not None:
+                walk.append((len(members) - 1, spec))
+        if top:
+            meta = msgspec.defstruct("Meta", [("op", str | None | UnsetType, UNSET)], forbid_unknown_fields=False)
+            rename[f"f{len(members)}"] = "_meta"
+            members.append((f"f{len(members)}", meta | UnsetType, UNSET))
+            walk.append((len(members) - 1, ("meta",)))
+        counter[0] += 1
+        cls = msgspec.defstruct(f"Doc{counter[0]}", members, forbid_unknown_fields=True, rename=rename)
+        colons = sum(name.count(":") for name in rename.values())
+        return (cls | None if not top else cls), ("struct", tuple(walk), colons)
+
+    def count(value: Any, spec: Any) -> int:
+        """Keys kept and ``:`` inside strings (keys' names included) in a decoded value."""
+        if value is None or value is UNSET:
+            return 0
+        if spec == "str":
+            return value.count(":")
+        if spec[0] == "list":
+            inner = spec[1]
+            return 0 if inner is None else sum(count(item, inner) for item in value)
+        if spec[0] == "meta":
+            return 0 if value.op is UNSET else 1 + (value.op.count(":") if value.op else 0)
+        values = msgspec.structs.astuple(value)
+        total = len(values) - values.count(UNSET)
+        if spec[2]:
+            names = value.__struct_encode_fields__
+            total += sum(names[i].count(":") for i, v in enumerate(values) if v is not UNSET)
+        for index, inner in spec[1]:
+            total += count(values[index], inner)
+        return total
+
+    schema = json.loads(schema_json)
+    top, spec = struct(schema["fields"], top=True)
+    decode = msgspec.json.Decoder(top).decode
+    doubles = "double" in schema_json
+    errors = (msgspec.DecodeError, msgspec.ValidationError)
+
+    astuple = msgspec.structs.astuple
+    # Without nested values or names holding ":", the keys kept are the top level's fields that
+    # are set: when the text has as many ":" there is no string holding one and no dropped key.
+    flat = all(inner in ("str", ("meta",)) for _index, inner in spec[1]) and not spec[2]
+
+    def fast(text: bytes, colons: int) -> bool:
+        """Whether ``text`` is fast, given its ``:`` count and that it holds nothing
+        :data:`SUSPECT` matches."""
+        try:
+            doc = decode(text)
+        except errors:
+            return False
+        if flat:
+            values = astuple(doc)
+            if colons == len(values) - values.count(UNSET):
+                return True
+        return colons == count(doc, spec)
+
+    if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
+        return (lambda text, colons: False), SUSPECT
+    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT)
+
+
+SUSPECT = r"\\u003[aA]"
+"""What makes a text not fast whatever it decodes to (RE2, matched per batch by Arrow): an escaped
+colon, which the ``:`` count would miss."""
+SUSPECT_WITH_DOUBLES = SUSPECT + r"|[0-9]{39}|-0(\.0*)?([eE][-+]?[0-9]+)?([,}\] \t\r\n]|$)"
+"""With a DOUBLE declared: also a run of 39 digits (refused by the VARIANT route, rounded by a
+double) and a negative zero (whose sign the VARIANT route drops)."""
+
+
+def check_batches(schema_json: str, keys: list[str], hidden: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function: each batch (``value`` first) with :data:`OK` added."""
+    key = (schema_json, tuple(keys), tuple(hidden))
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        try:
+            import msgspec  # noqa: F401
+        except ImportError:
+            raise RuntimeError(MISSING) from None
+        compiled = _cache.get(repr(key))
+        if compiled is None:
+            compiled = _cache[repr(key)] = _compile(*key)
+        fast, suspect = compiled
+        for batch in batches:
+            text = batch.column(0)
+            if text.type not in (pa.string(), pa.large_string()):
+                text = text.cast(pa.string())
+            # Per batch, in Arrow's C++: each text's ":" count and whether it is suspect.
+            colons = pc.count_substring(text, ":").to_pylist()
+            suspects = pc.match_substring_regex(text, suspect)
+            width = "q" if text.type == pa.large_string() else "i"
+            offsets = memoryview(text.buffers()[1]).cast(width)[text.offset: text.offset + len(text) + 1].tolist()
+            data = text.buffers()[2]
+            data = data.to_pybytes() if data is not None else b""
+            ok = pa.array([fast(data[a:b], c) for a, b, c in zip(offsets, offsets[1:], colons)], pa.bool_())
+            # A NULL line (none from spark.read.text) is not fast: and_kleene's NULL is filled false.
+            ok = pc.fill_null(pc.and_kleene(ok, pc.invert(suspects)), False)
+            yield pa.RecordBatch.from_arrays([*batch.columns, ok], names=[*batch.schema.names, OK])
+
+    return run
+
+
+# --- the staging job's plan (driver side: DataFrame calls only) -----------------------------------
+
+VALIDATOR_CONF = "spark.materializer.documents.validator"
+"""The Spark conf that picks how declared documents are checked: ``arrow`` (this module) or
+``variant`` (Spark expressions only, :mod:`materializer.sources.documents`)."""
+DEFAULT_VALIDATOR = "arrow"
+"""With a declared schema, unless the conf says otherwise: measured cheaper than the VARIANT route
+(README, Performance) and held to the same tables and refusals by tests/test_documents_arrow.py."""
+DRIVER_NEEDS = ("msgspec", "pyarrow", "pandas")
+"""What ``mapInArrow`` and the validator need in the driver's Python (PySpark builds the function
+with pandas_udf, which asks for pandas and pyarrow)."""
+
+
+def validator(spark: Any) -> str:
+    """The validator the session asks for (:data:`VALIDATOR_CONF`). Unset, the arrow validator
+    when the driver's Python has what it needs, else the VARIANT route: both give the same tables
+    and the same refusals, so the choice is one of cost only."""
+    import importlib.util
+
+    from materializer.errors import ConfigError
+
+    chosen = (spark.conf.get(VALIDATOR_CONF, "") or "").strip().lower()
+    missing = [name for name in DRIVER_NEEDS if importlib.util.find_spec(name) is None]
+    if not chosen:
+        return DEFAULT_VALIDATOR if not missing else "variant"
+    if chosen not in ("arrow", "variant"):
+        raise ConfigError(f"Spark conf {VALIDATOR_CONF} is {chosen!r}; it must be 'arrow' or 'variant'")
+    if chosen == "arrow" and missing:
+        raise ConfigError(
+            f"Spark conf {VALIDATOR_CONF} is 'arrow', but this Python lacks {', '.join(missing)}: install "
+            "them (pip install 'delta-materializer[local]' brings them), or set the conf to 'variant'"
+        )
+    return chosen
+
+
+FAST_JSON = "__j"
+"""The fast documents typed by ``from_json`` (NULL for the others)."""
+
+
+def deferred(reader: Any, parsed: Any) -> tuple[Any, Callable[[], int]]:
+    """The documents reader's deferred checks (``_Reader.deferred``), fast documents first: one
+    Spark job reads the lines, marks the fast ones in Arrow batches, types them with ``from_json``
+    and sends the others down the VARIANT route (parse, the staging job's lean checks, cast), all
+    ahead of the staging write. ``parsed`` (the VARIANT route over every line) is kept for the
+    error path: when any document is refused, the VARIANT route's full check job names it."""
+    import uuid
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from materializer.errors import SourceError
+    from materializer.sources.documents import parse_shape
+    from materializer.sources.json_text import parse_one
+
+    declared = reader.declared
+    assert declared is not None and reader._lines is not None
+    reader._parsed = parsed
+    value = F.col("value")
+    blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
+    lines = reader._lines.where(value.startswith("{") | ~blank)  # as the VARIANT route skips blank lines
+    marked = lines.mapInArrow(
+        check_batches(declared.json(), list(reader.keys), list(reader.hidden)),
+        T.StructType([*lines.schema.fields, T.StructField(OK, T.BooleanType(), False)]),
+    )
+    ok = F.col(OK)
+    typed = T.StructType([*declared.fields, T.StructField("_meta", T.StructType([T.StructField("op", T.StringType())]))])
+    staged = marked.withColumn("__v", F.when(~ok, parse_one(value))).withColumn(
+        # FAILFAST: a value from_json cannot read fails the job (explain names the document), it
+        # never lands as a NULL.
+        FAST_JSON, F.when(ok, F.from_json(value, typed, {"mode": "FAILFAST"}))
+    )
+    checked = staged.withColumn("__parts", F.when(~ok, reader._parts(lean=True))).withColumn(
+        "__problem", F.when(~ok, reader.problem(lean=True))
+    )
+    tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
+    good = checked.observe(tallies, *reader._tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
+
+    def verify() -> int:
+        row = tallies.get
+        reader.fast = int(row["fast"])
+        shape = row["shape"]
+        if row["bad"] or (shape is not None and reader._single_problems(parse_shape(shape))):
+            reader.check(parsed)  # the VARIANT route over every document names the refused ones
+            raise SourceError(
+                f"{reader.store.uri}: a document of this transaction is refused by the staging job's checks but "
+                f"not by the full checks; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and "
+                "report this as a bug. " + reader._hint()
+            )
+        return int(row["n"])
+
+    return reader.rows(good, declared), verify
+
+
+def typed_fast(column: Any, name: str) -> Any:
+    """A declared field: ``from_json``'s value for a fast document, ``column`` (the VARIANT route's)
+    for the others."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col(OK), F.col(FAST_JSON)[name]).otherwise(column)
+
+
+def explain(reader: Any, text: str) -> Any:
+    """The error for a staging job that failed on this route (None: not this route's failure)."""
+    from materializer.errors import SourceError
+
+    if MISSING in text or "msgspec is not installed on this Spark executor" in text:
+        return SourceError(MISSING)
+    if "No module named 'pyarrow'" in text or "No module named 'pandas'" in text:
+        return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
+    if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
+        return None
+    if reader._parsed is not None:
+        try:
+            reader.check(reader._parsed)
+        except SourceError as located:
+            return located
+    return SourceError(
+        f"{reader.store.uri}: Spark's JSON parser (from_json, with source.schema) could not read a document that "
+        f"every check passed; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and report this as "
+        "a bug. " + reader._hint()
+    )

@@ -1,0 +1,337 @@
+"""The arrow validator (issue #25): documents with a declared schema checked in Arrow batches by
+msgspec on the executors, typed by from_json; every other document down the VARIANT route in the
+same job. A differential test holds it to the VARIANT route: same tables, same refusals (rule,
+file, line)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.errors import SourceError
+from materializer.sources.document_check import VALIDATOR_CONF
+from tests.test_documents import declared, write
+from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
+from tests.test_documents_one_pass import staged_then_verified
+
+pytestmark = pytest.mark.spark
+
+
+def _run(spark: Any, tmp_path: Path, validator: str, src: Any = None) -> tuple[str, Any]:
+    """One epoch of ``tmp_path/src`` through the deferred path with ``validator``: ("ok", rows by
+    _seq, as reprs) or ("refused", the error's text)."""
+    spark.conf.set(VALIDATOR_CONF, validator)
+    try:
+        src = src or declared(tmp_path)
+        src.defer_checks = True
+        out = tmp_path / f"out-{validator}"
+        try:
+            batch = src.next_batch(spark, None, 100, "x")
+            assert batch is not None and batch.verify is not None
+            # Stage the rows as they come (no combine: every document's typing is compared).
+            try:
+                batch.documents.write.mode("overwrite").parquet(str(out))
+            except Exception as exc:
+                explained = batch.explain(exc) if batch.explain is not None else None
+                if explained is not None:
+                    raise explained from exc
+                raise
+            count = batch.verify()
+        except SourceError as exc:
+            return "refused", str(exc)
+        rows = spark.read.parquet(str(out)).orderBy("_seq").collect()
+        return "ok", (count, [repr(r) for r in rows])
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"id": 1, "amount": 2}{"id": 5}', "more than one JSON value"),
+        ('{"amount": 1}', "key field 'id' is missing or null"),
+        ("[1, 2]", "a document must be a JSON object"),
+        ('{"id": 1, "colour": "red"}', "field 'colour' is not in the binding's source.schema"),
+        ('{"id": 1, "amount": "12.5"}', "field 'amount' is a string but source.schema declares a number"),
+        ('{"id": 1, "address": {"city": "Oslo", "zip": "0150"}}', "field 'address.zip' is not in"),
+        ('{"id": 1, "tags": [1, "two"]}', "field 'tags[]' is a string but source.schema declares a number"),
+        ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\""),
+        ('{"id": 1, "address": {"n": 3000000000}}', "a value does not fit source.schema: field 'address.n' holds 3000000000, which is not a valid INT"),
+        ('{"id": {"a": 1}, "amount": 2}', "key field 'id' must be a scalar"),
+        ('{"id": 1, "id": 2}', "not valid JSON"),
+        ('{"id": 1, "note": "a:b", "note": "c"}', "not valid JSON"),
+        ('{"id": 1, "amount": 1.00000000000000000000000000000000000000001}', "a number has more than 38 digits"),
+        ('{"id": 1, "_meta": {"op": 1}}', "'_meta.op' must be a string"),
+        ('{"id": 1, "_meta": null}', "'_meta' is null"),
+        ('{"id": 1, "_op": "u"}', "field '_op' is reserved"),
+    ],
+)
+def test_the_arrow_validator_refuses_with_the_variant_routes_text(spark: Any, tmp_path: Path, line: str, message: str) -> None:
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "amount": 2}', line, '{"id": 3}'])
+    arrow = _run(spark, tmp_path, "arrow")
+    assert arrow[0] == "refused" and f"{tmp_path / 'src' / 'a.jsonl'}:2: {message}" in arrow[1]
+    assert arrow == _run(spark, tmp_path, "variant")
+
+
+def test_fast_documents_are_typed_by_from_json_and_the_others_by_the_variant_route(spark: Any, tmp_path: Path) -> None:
+    lines = [
+        '{"id": 1, "amount": 2, "note": "a:b", "tags": [1, null], "address": {"city": "Oslo", "n": 7}}',  # fast
+        '{"id": 2, "note": {"any": ["json"]}}',  # a STRING field holding an object: the VARIANT route's text
+        '{"id": 3, "at": "2024-01-02 03:04:05"}',  # a timestamp: the VARIANT route
+        '{"id": 1, "_meta": {"op": "d"}}',  # fast
+        '{"id": 4, "amount": -0.0}',  # not fast
+    ]
+    write(tmp_path / "src" / "a.jsonl", lines)
+    src = declared(tmp_path)
+    arrow = _run(spark, tmp_path, "arrow", src)
+    assert src is not None
+    variant = _run(spark, tmp_path, "variant")
+    assert arrow == variant and arrow[0] == "ok" and arrow[1][0] == 5
+
+
+def test_an_executor_without_msgspec_stops_with_one_paragraph(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from materializer.sources import document_check
+
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1}'])
+    original = document_check.check_batches
+
+    def without_msgspec(*args: Any) -> Any:
+        inner = original(*args)
+
+        def run(batches: Any) -> Any:
+            import builtins
+
+            real = builtins.__import__
+
+            def refuse(name: str, *rest: Any, **kw: Any) -> Any:
+                if name == "msgspec":
+                    raise ImportError("No module named 'msgspec'")
+                return real(name, *rest, **kw)
+
+            builtins.__import__ = refuse
+            try:
+                yield from inner(batches)
+            finally:
+                builtins.__import__ = real
+
+        return run
+
+    monkeypatch.setattr(document_check, "check_batches", without_msgspec)
+    status, text = _run(spark, tmp_path, "arrow")
+    assert status == "refused" and text == document_check.MISSING
+
+
+# --- the differential test: the arrow validator against the VARIANT route ------------------------
+
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.test_documents import TYPED_FROM_TEXT_VALUES  # noqa: E402
+
+DIFF_SCHEMA = (
+    "id BIGINT, i INT, s SMALLINT, t TINYINT, d DOUBLE, b BOOLEAN, note STRING, tags ARRAY<BIGINT>, "
+    "address STRUCT<city: STRING, n: INT, deep: STRUCT<x: DOUBLE>>, items ARRAY<STRUCT<k: STRING, v: BIGINT>>, "
+    "at TIMESTAMP, day DATE, price DECIMAL(10,2), f FLOAT"
+)
+FIELDS = ["id", "i", "s", "t", "d", "b", "note", "tags", "address", "items", "at", "day", "price", "f"]
+EDGE_TEXTS = TYPED_FROM_TEXT_VALUES + [
+    '"a:b"', '"::"', '"\\u003a"', '"quote \\" and : colon"', '"\\u00e9t\\u00e9"', '"\\ud83d\\ude00"', '""',
+    '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"2024-02-30"', '"2024-01-02"', "1700000000", "-0.5",
+    "1.005", "12345678.995", "3.4e39", "-1.5e-50", "[]", "{}", "[null]", '{"city": "Oslo", "n": 1}',
+    '{"city": null, "deep": {"x": -0.0}}', '{"city": "x", "city": "y"}', '[{"k": "a", "v": 1}, null]',
+    '[{"k": "a", "v": 1.5}]', '{"op": "d"}', "[1, 2, 3]", "[9223372036854775808]",
+]
+NAMES = FIELDS + ["_meta", "_op", "x", "ID", "Note", "a b", "", "op", "k", "v", "city", "n", "deep"]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(NAMES), inner, max_size=3),
+    max_leaves=6,
+).map(lambda v: json.dumps(v, ensure_ascii=False))
+values = st.sampled_from(EDGE_TEXTS) | json_values | st.integers(-(2**31), 2**31).map(str)
+separators = st.sampled_from([(", ", ": "), (",", ":"), (" , ", " : "), (",\t", ":")])
+
+
+def _dump(value: Any, ascii_only: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+def _ints(bits: int) -> Any:
+    low, high = -(1 << bits), (1 << bits) - 1
+    return st.integers(low, high).map(str) | st.sampled_from([str(low), str(high), str(low - 1), str(high + 1), "-0", "0", "1.0", "1e2"])
+
+
+texts = st.builds(_dump, st.text(max_size=8), st.booleans()) | st.sampled_from(['"a:b"', '"::"', '"\\u003a"', '"q\\":"', '"\\ud83d\\ude00"', '""'])
+doubles = st.floats(allow_nan=False, allow_infinity=False).map(_dump) | st.integers(-(2**70), 2**70).map(str) | st.sampled_from(EDGE_TEXTS[:27])
+nullable = lambda inner: st.just("null") | inner  # noqa: E731
+TYPED = {
+    "id": _ints(63),
+    "i": nullable(_ints(31)),
+    "s": nullable(_ints(15)),
+    "t": nullable(_ints(7)),
+    "d": nullable(doubles),
+    "b": st.sampled_from(["true", "false", "null"]),
+    "note": nullable(texts),
+    "tags": nullable(st.lists(nullable(_ints(63)), max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]")),
+    "address": nullable(
+        st.fixed_dictionaries({}, optional={"city": nullable(texts), "n": nullable(_ints(31)), "deep": nullable(st.fixed_dictionaries({}, optional={"x": nullable(doubles)}).map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"))})
+        .map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}")
+    ),
+    "items": nullable(
+        st.lists(nullable(st.fixed_dictionaries({}, optional={"k": nullable(texts), "v": nullable(_ints(63))}).map(lambda d: "{" + ",".join(f'"{k}":{v}' for k, v in d.items()) + "}")), max_size=3)
+        .map(lambda xs: "[" + ", ".join(xs) + "]")
+    ),
+    # Strings only: the VARIANT route refuses a TIMESTAMP field holding numbers and strings in one
+    # epoch ("holds values of different JSON kinds"), which would refuse most corpora (random
+    # values still bring numbers now and then).
+    "at": st.sampled_from(["null", '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"yesterday"']),
+    "day": st.sampled_from(["null", '"2024-01-02"', '"2024-02-30"']),
+    "price": st.sampled_from(["null", "1.005", "12.5", "123456789.5", "7"]),
+    "f": st.sampled_from(["null", "1.5", "3.4e39", "-0.0"]),
+}
+
+
+@st.composite
+def documents(draw: Any) -> str:
+    """One line: mostly an object of declared fields with values of their type (edges included),
+    sometimes random JSON, duplicates, undeclared names, ``_meta``; sometimes a line that is not
+    a document."""
+    if draw(st.integers(0, 29)) == 0:
+        return draw(st.sampled_from(["{not json", '{"id": 1} x', '{"id": 1}{"id": 2}', "[1]", '"s"', "   ", "", "null", '{"id": 1,}']))
+    pairs: list[tuple[str, str]] = []
+    if draw(st.integers(0, 19)):
+        pairs.append(("id", draw(TYPED["id"])))
+    for name in draw(st.lists(st.sampled_from(FIELDS[1:]), max_size=8, unique=True)):
+        pairs.append((name, draw(TYPED[name] if draw(st.integers(0, 9)) else values)))
+    if not draw(st.integers(0, 9)):
+        pairs.append((draw(st.sampled_from(NAMES)), draw(values)))  # undeclared, a duplicate, a case-only twin
+    if not draw(st.integers(0, 4)):
+        pairs.append(("_meta", draw(st.sampled_from(['{"op": "d"}', '{"op": "u"}', '{"op": null}', "{}", "null", '"d"', '{"op": 1}', '{"op": "d", "x": 1}']))))
+    if len(pairs) > 1 and draw(st.booleans()):
+        pairs = draw(st.permutations(pairs))
+    comma, colon = draw(separators)
+    return "{" + comma.join(f"{json.dumps(k)}{colon}{v}" for k, v in pairs) + "}" + draw(st.sampled_from(["", " ", "\r"]))
+
+
+def _variant_verdicts(spark: Any, tmp_path: Path) -> dict[int, bool]:
+    """Per line of src/a.jsonl: whether the VARIANT route takes the document as it is (its per
+    document checks, its shape against source.schema, and the cast of its rows, which fails on
+    a value inside an array that does not fit); blank lines are left out."""
+    from pyspark.sql import functions as F
+
+    from materializer.sources.documents import _cast_type, _Reader, parse_shape
+    from materializer.storage import open_store
+
+    src = _diff_source(spark, tmp_path)
+    reader = _Reader(spark, open_store(str(tmp_path / "src")), ["id"], src.declared_schema(spark), None)
+    lines = reader.checked(reader._with_variant(reader.numbered("a.jsonl")))
+    casts = F.col("__v").try_cast(_cast_type(reader.declared)).isNotNull()
+    found = lines.select("line", "__problem", F.schema_of_variant("__v").alias("shape"), casts.alias("casts")).collect()
+    return {
+        r["line"]: r["__problem"] is None and r["casts"] and not reader._single_problems(parse_shape(r["shape"])) for r in found
+    }
+
+
+def _diff_source(spark: Any, tmp_path: Path) -> Any:
+    from tests.test_documents import make_binding
+    from materializer.sources.documents import DocumentsSource
+    from materializer.storage.local import LocalStore
+
+    src = DocumentsSource(make_binding(tmp_path), LocalStore(str(tmp_path / "staging")))
+    src.use_schema(spark.createDataFrame([], DIFF_SCHEMA).schema)
+    return src
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(), min_size=20, max_size=120))
+def test_the_arrow_validator_and_the_variant_route_agree(spark: Any, tmp_path_factory: Any, corpus: list[str]) -> None:
+    """Generated documents (the edge values of test_typed_from_text_equals_the_variant_cast,
+    random nested JSON, duplicates, undeclared names, bad lines):
+
+    1. a document the validator finds fast is one the VARIANT route takes as it is;
+    2. the documents the VARIANT route takes land with identical values by either route;
+    3. the whole corpus is refused by both with the same text (rule, file, line), or taken by
+       both with identical rows."""
+    from materializer.sources.document_check import _compile
+
+    tmp_path = tmp_path_factory.mktemp("diff")
+    write(tmp_path / "src" / "a.jsonl", corpus)
+    verdicts = _variant_verdicts(spark, tmp_path)
+    schema = spark.createDataFrame([], DIFF_SCHEMA).schema
+    fast, suspect = _compile(schema.json(), ("id",), ())
+    found = 0
+    for number, line in enumerate(corpus, start=1):
+        if number in verdicts and not re.search(suspect, line) and fast(line.encode(), line.count(":")):
+            assert verdicts[number], f"fast but refused by the VARIANT route: {line}"
+            found += 1
+    event(f"fast documents: {'none' if not found else 'some' if found < 10 else 'ten or more'}")
+    # 2: the documents the VARIANT route takes, alone in an epoch.
+    taken = [line for number, line in enumerate(corpus, start=1) if verdicts.get(number)]
+    if taken:
+        write(tmp_path / "src" / "a.jsonl", taken)
+        variant = _run(spark, tmp_path, "variant", _diff_source(spark, tmp_path))
+        arrow = _run(spark, tmp_path, "arrow", _diff_source(spark, tmp_path))
+        assert arrow == variant
+        event(f"the documents the VARIANT route takes: {variant[0]}")
+    # 3: the whole corpus.
+    write(tmp_path / "src" / "a.jsonl", corpus)
+    variant = _run(spark, tmp_path, "variant", _diff_source(spark, tmp_path))
+    arrow = _run(spark, tmp_path, "arrow", _diff_source(spark, tmp_path))
+    assert arrow == variant
+    event(f"the corpus: {variant[0]}")
+
+
+@pytest.mark.connect
+def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """mapInArrow and from_json through a Connect server (as Databricks serverless runs them):
+    the fast documents land, a refused one is named by file and line, nothing of its epoch lands."""
+    from materializer.runtime import Runtime
+    from materializer.sources import document_check
+    from tests.helpers import binding, table_rows, write_jsonl
+    from tests.test_holes import config_with
+
+    spark = connect_spark
+    routes: list[str] = []
+    original = document_check.deferred
+    monkeypatch.setattr(document_check, "deferred", lambda reader, parsed: (routes.append("arrow"), original(reader, parsed))[1])
+    table = tmp_path / "tables" / "items"
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "amount": 1.5}, {"id": 2, "note": "a:b"}, {"id": 5, "note": {"any": 1}}, {"id": 1, "_meta": {"op": "d"}}])
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "amount": 2}, {"id": 4, "colour": "red"}])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, amount DOUBLE, note STRING", max_files=1)])
+    spark.conf.set(VALIDATOR_CONF, "arrow")
+    try:
+        with pytest.raises(SourceError, match=r"b\.jsonl:2: field 'colour' is not in the binding's source\.schema"):
+            Runtime(config, spark).run()
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+    assert routes == ["arrow", "arrow"]
+    rows = table_rows(spark, table, ["id"])
+    assert {key[0]: row.get("note") for key, row in rows.items()} == {2: "a:b", 5: '{"any":1}'}
+
+
+def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Spark's verdict is final: were the validator to pass a value from_json cannot read (here
+    every document is made fast), the staging job fails (FAILFAST) and the error path names the
+    document; nothing lands as NULL."""
+    from materializer.sources import document_check
+
+    def all_fast(*_args: Any) -> Any:
+        def run(batches: Any) -> Any:
+            import pyarrow as pa
+
+            for batch in batches:
+                yield pa.RecordBatch.from_arrays([*batch.columns, pa.array([True] * batch.num_rows)], names=[*batch.schema.names, "__ok"])
+
+        return run
+
+    monkeypatch.setattr(document_check, "check_batches", all_fast)
+    write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "amount": 2}', '{"id": 2, "at": "yesterday"}'])
+    status, text = _run(spark, tmp_path, "arrow")
+    assert status == "refused"
+    assert f"{tmp_path / 'src' / 'a.jsonl'}:2: a value does not fit source.schema: field 'at' holds \"yesterday\"" in text
