@@ -86,7 +86,9 @@ class SourceConfig(Model):
     scalar or plain text; a record with a null value (a tombstone) then deletes that key."""
     options: dict[str, str] = Field(default_factory=dict)
     """kafka: options handed to Spark's Kafka reader as they are, e.g. security
-    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``)."""
+    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``).
+    ``kafka.isolation.level`` is ``read_committed`` unless set to ``read_uncommitted`` here (then
+    records of aborted and open transactions are read too: not exactly once)."""
     client_options: dict[str, str] = Field(default_factory=dict)
     """kafka: librdkafka settings of the driver's offset look-ups (the Python admin client), e.g.
     ``security.protocol``, ``sasl.mechanism``, ``sasl.username``; ``bootstrap.servers`` is set."""
@@ -153,7 +155,12 @@ class SourceConfig(Model):
         if self.key_from == "message" and self.payload != "documents":
             raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
         _check_starting(self.starting, names)
-        for key in self.options:
+        for key, value in self.options.items():
+            if key.lower() == "kafka.isolation.level" and value.strip().lower() not in ("read_committed", "read_uncommitted"):
+                raise ValueError(
+                    f"options.{key}: {value!r} is not an isolation level: read_committed (the default: records of "
+                    "committed transactions only) or read_uncommitted (not exactly once for transactional producers)"
+                )
             if key.lower() in KAFKA_RESERVED_OPTIONS:
                 raise ValueError(
                     f"options.{key}: the kafka source sets this itself (the epoch's exact offsets, data-loss checks); "

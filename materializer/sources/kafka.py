@@ -11,6 +11,11 @@ no record passes through the Python process. Nothing is committed to a consumer 
 offsets are the only position, so a replay is the epoch's staged file, and an epoch that was never
 committed is read again from the same start.
 
+Committed records only: Spark reads ``read_committed`` and the ranges end at the last stable
+offset, unless ``options`` set ``kafka.isolation.level: read_uncommitted``. Aborted records and
+transaction markers count as read: a range of nothing else is an empty epoch (no row, the
+position moves on).
+
 Partitions are listed each epoch: one that appeared since the checkpoint is read from offset 0.
 A topic that is gone, a partition that is gone, a partition whose offsets went backwards (the topic
 was recreated) and records the pipeline had not read that the broker no longer has (retention,
@@ -47,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from materializer.errors import ConfigError, SourceError
-from materializer.sources import SEQ, Source, SourceBatch
+from materializer.sources import OP, SEQ, Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
 from materializer.sources.json_text import parse_one
 from materializer.storage import Store
@@ -228,6 +233,16 @@ def _offsets_text(offsets: dict[Partition, int]) -> str:
 
 # --- the brokers' offsets (a Python admin client: metadata only) ----------------------------------
 
+ISOLATION = "kafka.isolation.level"
+"""Spark's Kafka reader option (the consumer's ``isolation.level``)."""
+
+
+def isolation_level(options: dict[str, str]) -> str:
+    """``read_committed`` unless ``options`` set ``kafka.isolation.level: read_uncommitted``."""
+    given = next((v for k, v in options.items() if k.lower() == ISOLATION), "read_committed")
+    return given.strip().lower()
+
+
 
 class Offsets:
     """Partition lists and watermarks from the brokers, with confluent-kafka's AdminClient."""
@@ -306,9 +321,7 @@ class KafkaSource(Source):
     def offsets(self) -> Offsets:
         if self._offsets is None:
             config = self.binding.source
-            read_committed = any(
-                k.lower() == "kafka.isolation.level" and v.lower() == "read_committed" for k, v in config.options.items()
-            )
+            read_committed = isolation_level(config.options) == "read_committed"
             self._offsets = Offsets(config.bootstrap_servers, dict(config.client_options), self.where, read_committed)
         return self._offsets
 
@@ -461,6 +474,9 @@ class KafkaSource(Source):
         reader = spark.read.format("kafka")
         for key, value in config.options.items():
             reader = reader.option(key, value)
+        # Committed records only unless the user says otherwise: the range ends at the last stable
+        # offset (Offsets), and Spark passes over aborted records and transaction markers in it.
+        reader = reader.option(ISOLATION, isolation_level(config.options))
         raw = (
             reader.option("kafka.bootstrap.servers", config.bootstrap_servers)
             .option("assign", json.dumps(assign))
@@ -617,6 +633,16 @@ class _KafkaReader(_Reader):
         from pyspark.sql import functions as F
 
         return F.coalesce(F.col("__kafka"), super().problem(lean))
+
+    def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
+        """The documents' rows; for a range without a document (only aborted records, transaction
+        markers or tombstones passed over) no row but the key columns: an empty epoch, which
+        applies nothing and moves the position on."""
+        from pyspark.sql import functions as F
+
+        if schema.fields:
+            return super().rows(parsed, schema)
+        return parsed.limit(0).select(*[F.lit(None).alias(k) for k in self.keys], F.lit("u").alias(OP), F.col(SEQ))
 
     def _located(
         self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None
