@@ -30,7 +30,7 @@ class Model(BaseModel):
 
 KAFKA_FIELDS = (
     "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
-    "on_data_loss",
+    "on_data_loss", "unavailable_value",
 )
 """SourceConfig fields that only the kafka format takes."""
 KAFKA_RESERVED_OPTIONS = (
@@ -92,6 +92,10 @@ class SourceConfig(Model):
     client_options: dict[str, str] = Field(default_factory=dict)
     """kafka: librdkafka settings of the driver's offset look-ups (the Python admin client), e.g.
     ``security.protocol``, ``sasl.mechanism``, ``sasl.username``; ``bootstrap.servers`` is set."""
+    unavailable_value: str = Field(default="__debezium_unavailable_value", min_length=1)
+    """kafka, debezium payload: the placeholder Debezium writes for a value it does not have (an
+    unchanged TOASTed Postgres column; the connector's ``unavailable.value.placeholder``). A field
+    holding it (as text, base64 bytes, or an array of it) keeps the table's stored value."""
     on_data_loss: Literal["fail", "skip"] = "fail"
     """kafka: records the pipeline had not read that the broker no longer has (retention, deleted
     records). ``fail`` stops the run naming the partition and offsets; ``skip`` goes on from the
@@ -152,6 +156,8 @@ class SourceConfig(Model):
                 "max_records is not for payload cdcv2: an epoch reads every statement still needed (a time's "
                 "statements may be anywhere in the topic) and takes whole complete times up to transaction.max_documents"
             )
+        if "unavailable_value" in self.model_fields_set and self.payload != "debezium":
+            raise ValueError("unavailable_value is for payload debezium (Debezium's placeholder of a value it does not have)")
         if self.key_from == "message" and self.payload != "documents":
             raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
         _check_starting(self.starting, names)
@@ -352,10 +358,10 @@ class BindingConfig(Model):
                 "sequence_by, columns, except_columns, ignore_null_updates, delete_when and soft_delete are for "
                 "mode standard or scd2 (delta_updates appends every epoch's changes as they are)"
             )
-        if (controlled or self.mode == "scd2") and any(s != "lastWriteWins" for s in self.reductions.values()):
+        if (controlled or self.mode == "scd2" or self.placeholders_kept) and any(s != "lastWriteWins" for s in self.reductions.values()):
             raise ValueError(
-                "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes "
-                "or mode scd2 yet: a change is the whole latest row there (README: 'Change semantics')"
+                "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes, "
+                "mode scd2 or Debezium events yet: a change is the whole latest row there (README: 'Change semantics')"
             )
         if self.mode != "scd2" and (self.track_history is not None or self.track_history_except):
             raise ValueError("track_history and track_history_except are for mode scd2")
@@ -374,8 +380,13 @@ class BindingConfig(Model):
         """Rows go through :mod:`materializer.changes` (sequence, tombstones, column control, history)."""
         return bool(
             self.sequence_by or self.columns is not None or self.except_columns or self.ignore_null_updates
-            or self.delete_when or self.soft_delete or self.mode == "scd2"
+            or self.delete_when or self.soft_delete or self.mode == "scd2" or self.placeholders_kept
         )
+
+    @property
+    def placeholders_kept(self) -> bool:
+        """Debezium events in standard mode: a placeholder keeps the stored value (changes.UNAVAILABLE)."""
+        return self.mode == "standard" and self.source.format == "kafka" and self.source.payload == "debezium"
 
     @property
     def needs_loads(self) -> bool:

@@ -45,6 +45,7 @@ found in two partitions of one epoch takes the record of the higher (topic, part
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
@@ -435,7 +436,8 @@ class KafkaSource(Source):
     def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
         config = self.binding.source
         reader = _KafkaReader(
-            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
+            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from,
+            placeholder=config.unavailable_value, keep_stored=self.binding.placeholders_kept,
         )
         _change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
         try:
@@ -498,22 +500,52 @@ class KafkaSource(Source):
 # --- reading and checking: the documents source's reader, over records --------------------------
 
 
+def null_envelope(value: "Column") -> "Column":
+    """Whether a record's value is ``{"schema": null, "payload": null}`` (Kafka Connect's JSON
+    converter's tombstone); false for a null value and for anything else."""
+    from pyspark.sql import functions as F
+
+    if_short = F.length(value) < 64  # the envelope is short: longer values are never parsed here
+    event = F.when(if_short, F.try_parse_json(value))
+    fields = F.when(F.schema_of_variant(event).startswith("OBJECT"), F.json_object_keys(F.to_json(event)))
+    return F.coalesce(
+        if_short
+        & (F.size(fields) == 2)
+        & F.is_variant_null(F.try_variant_get(event, "$.schema", "variant"))
+        & F.is_variant_null(F.try_variant_get(event, "$.payload", "variant")),
+        F.lit(False),
+    )
+
+
+
 class _KafkaReader(_Reader):
     """The documents reader with records in place of lines: ``_seq`` is (topic, partition, offset),
     errors name records, and Debezium events become documents before the same checks."""
 
     def __init__(
         self, spark: "SparkSession", where: str, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value",
+        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value", *,
+        placeholder: str = "__debezium_unavailable_value", keep_stored: bool = True,
     ) -> None:
         super().__init__(spark, _Where(where), keys, declared, checkpoint)  # type: ignore[arg-type]
         self.payload = payload
         self.key_from = key_from
+        self.placeholder = placeholder
+        """Debezium's value for a value it does not have (``unavailable_value``)."""
+        self.keep_stored = keep_stored
+        """Placeholders keep the stored value (mode standard); else a record holding one is refused."""
+        self.placeholders = False
+        """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
+        self._unavailable: list[str] = []
+        """The fields holding placeholders in the epoch."""
 
     def parsed(self, records: "DataFrame") -> "DataFrame":  # type: ignore[override]
         """``value`` (the document's JSON text), ``__kafka`` (a problem of the record itself), ``__v``."""
         from pyspark.sql import functions as F
 
+        # Kafka Connect's JSON converter with schemas.enable writes a tombstone (a null value) as
+        # {"schema": null, "payload": null}: the same tombstone.
+        records = records.withColumn("value", F.when(~null_envelope(F.col("value")), F.col("value")))
         if self.payload == "debezium":
             records = self._debezium(records)
         elif self.key_from == "message":
@@ -598,7 +630,20 @@ class _KafkaReader(_Reader):
         envelope = F.when(wrapped, F.try_variant_get(event, "$.payload", "variant")).otherwise(event)
         records = records.withColumn("__event", envelope)
         op = F.try_variant_get(F.col("__event"), "$.op", "string")
-        after = F.to_json(F.try_variant_get(F.col("__event"), "$.after", "variant"))
+        # Placeholders (an unchanged TOASTed column): the fields are left out of the document and
+        # named in __unavailable, so the MERGE keeps their stored values. Only records whose text
+        # holds the placeholder are looked into.
+        fields = F.try_variant_get(F.col("__event"), "$.after", "map<string,variant>")
+        marks = [self.placeholder, base64.b64encode(self.placeholder.encode()).decode()]
+        def unavailable_value(v: "Column") -> "Column":
+            text = F.to_json(v)
+            return text.isin(*[json.dumps(m) for m in marks]) | text.isin(*[json.dumps([m]) for m in marks])
+        quick = functools.reduce(lambda a, b: a | b, [F.col("value").contains(m) for m in marks])
+        unavailable = F.when(quick, F.map_keys(F.map_filter(fields, lambda _k, v: unavailable_value(v))))
+        records = records.withColumn("__unavailable", F.when(F.size(unavailable) > 0, unavailable))
+        after = F.when(
+            F.col("__unavailable").isNotNull(), F.to_json(F.map_filter(fields, lambda _k, v: ~unavailable_value(v)))
+        ).otherwise(F.to_json(F.try_variant_get(F.col("__event"), "$.after", "variant")))
         before = F.to_json(F.try_variant_get(F.col("__event"), "$.before", "variant"))
         after_ok = F.try_variant_get(F.col("__event"), "$.after", "variant").isNotNull() & ~F.is_variant_null(
             F.try_variant_get(F.col("__event"), "$.after", "variant")
@@ -626,23 +671,71 @@ class _KafkaReader(_Reader):
             .when((op == F.lit("d")) & ~before_obj, F.lit("Debezium delete (op 'd') has no 'before' object to take the key from"))
             .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit("' (truncate 't', message 'm') is not supported: only c, r, u and d change rows")))
         )
+        unkept = F.concat(
+            F.lit("Debezium's placeholder for a value it does not have ("), F.lit(self.placeholder), F.lit(") in field(s) "),
+            F.array_join(F.array_sort(F.col("__unavailable")), ", "),
+            F.lit(": only mode standard keeps the stored value in its place; set the connector to send the value "
+                  "(Postgres: REPLICA IDENTITY FULL), or use mode standard"),
+        )
+        keys_unavailable = functools.reduce(
+            lambda a, b: a | b, [F.array_contains(F.col("__unavailable"), F.lit(k)) for k in self.keys]
+        )
+        problem = problem.when(
+            (op != F.lit("d")) & keys_unavailable,
+            F.concat(F.lit("key field(s) hold Debezium's placeholder "), F.lit(self.placeholder), F.lit(": a key must be sent")),
+        )
+        if not self.keep_stored:
+            problem = problem.when((op != F.lit("d")) & F.col("__unavailable").isNotNull(), unkept)
         text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
-        return records.select(text.alias("value"), F.col(SEQ), problem.alias("__kafka"))
+        return records.select(
+            text.alias("value"), F.col(SEQ), problem.alias("__kafka"),
+            F.when(op != F.lit("d"), F.col("__unavailable")).alias("__unavailable"),
+        )
 
     def problem(self, lean: bool = False) -> "Column":
         from pyspark.sql import functions as F
 
         return F.coalesce(F.col("__kafka"), super().problem(lean))
 
+    def _tallies(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        tallies = super()._tallies()
+        if self.payload == "debezium":
+            # The names of fields some change did not carry (a few names, never rows).
+            named = F.collect_set(F.when(F.col("__problem").isNull(), F.col("__unavailable")))
+            tallies.append(F.array_distinct(F.flatten(named)).alias("unavailable"))
+        return tallies
+
+    def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
+        self.placeholders = self.payload == "debezium" and bool(row["unavailable"])
+        self._unavailable = sorted(row["unavailable"] or []) if self.placeholders else []
+        return super()._verdict(checked, row)
+
     def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
-        """The documents' rows; for a range without a document (only aborted records, transaction
+        """The documents' rows (with Debezium's placeholders, the fields each change does not carry:
+        ``__unavailable``); for a range without a document (only aborted records, transaction
         markers or tombstones passed over) no row but the key columns: an empty epoch, which
         applies nothing and moves the position on."""
         from pyspark.sql import functions as F
 
-        if schema.fields:
+        from materializer.changes import UNAVAILABLE
+
+        if not schema.fields:
+            return parsed.limit(0).select(*[F.lit(None).alias(k) for k in self.keys], F.lit("u").alias(OP), F.col(SEQ))
+        if not (self.placeholders and self.keep_stored):
             return super().rows(parsed, schema)
-        return parsed.limit(0).select(*[F.lit(None).alias(k) for k in self.keys], F.lit("u").alias(OP), F.col(SEQ))
+        from pyspark.sql import types as T
+
+        # A field no change of the epoch carried a value for (placeholders and NULLs only) is no
+        # column of the epoch's schema: it becomes one (NULL, typed by the table), so the MERGE
+        # can keep its stored value.
+        missing = [name for name in self._unavailable if name not in schema.names]
+        schema = T.StructType(schema.fields + [T.StructField(name, T.NullType()) for name in missing])
+        # The documents reader's rows keep _seq of each document: __unavailable rides in it.
+        carried = parsed.withColumn(SEQ, F.struct(F.col(SEQ).alias("s"), F.col("__unavailable").alias("u")))
+        rows = super().rows(carried, schema)
+        return rows.withColumn(UNAVAILABLE, F.col(SEQ)["u"]).withColumn(SEQ, F.col(SEQ)["s"])
 
     def _located(
         self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None

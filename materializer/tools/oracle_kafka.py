@@ -85,6 +85,13 @@ def _text(raw: "bytes | None") -> str | None:
     return None if raw is None else raw.decode("utf-8")
 
 
+def _null_envelope(text: str) -> bool:
+    try:
+        return json.loads(text) == {"schema": None, "payload": None}
+    except ValueError:
+        return False
+
+
 def _key_fields(binding: BindingConfig, raw: "bytes | None") -> Row:
     text = _text(raw)
     try:
@@ -105,6 +112,8 @@ def documents_of(binding: BindingConfig, records: list[Record]) -> list[tuple[tu
     for topic, partition, _offset, key, value in records:
         where = (topic, partition)
         text = _text(value)
+        if text is not None and _null_envelope(text):
+            text = None  # Kafka Connect's JSON converter's tombstone
         if source.payload == "debezium":
             if text is None:
                 continue  # a tombstone: no change
