@@ -48,8 +48,10 @@ class SourceConfig(Model):
     path: str | None = None
     """documents and cdcv2: folder (or S3 prefix) holding the source's files."""
     schema_: str | None = Field(default=None, alias="schema")
-    """documents (and kafka's documents payload): the documents' fields as Spark DDL (``id BIGINT,
-    name STRING, at TIMESTAMP``).
+    """documents (and kafka's documents and debezium payloads): the documents' fields as Spark DDL
+    (``id BIGINT, name STRING, at TIMESTAMP``); for Debezium events without the schema envelope,
+    declared DECIMAL, DATE and BINARY fields are read as Debezium encodes them (README:
+    'Debezium's types').
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
@@ -117,9 +119,9 @@ class SourceConfig(Model):
 
     @model_validator(mode="after")
     def _schema_only_for_documents(self) -> "SourceConfig":
-        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload == "documents")
+        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload in ("documents", "debezium"))
         if self.schema_ is not None and not documents_like:
-            raise ValueError("schema is only for documents (the documents format, or kafka's documents payload)")
+            raise ValueError("schema is only for documents (the documents format, or kafka's documents and debezium payloads)")
         defaults = SourceConfig.model_fields
         byte_bound = self.format == "documents" or (self.format == "kafka" and self.payload != "cdcv2")
         if (self.format != "documents" and self.max_files != defaults["max_files"].default) or (

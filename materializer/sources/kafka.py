@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import OP, SEQ, Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
+from materializer.sources import debezium_types as dbz
 from materializer.sources.json_text import parse_one
 from materializer.storage import Store
 
@@ -538,6 +539,16 @@ class _KafkaReader(_Reader):
         """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
         self._unavailable: list[str] = []
         """The fields holding placeholders in the epoch."""
+        self._semantic: dict[str, tuple[str, dict[str, str]]] = {}
+        """The epoch's fields with a decoded Debezium type: name and parameters (set by :meth:`check`)."""
+        self.declared_landing = declared if payload == "debezium" else None
+        """source.schema as declared (its BINARY fields land from base64; the checks see STRING)."""
+        if declared is not None and payload == "debezium":
+            from pyspark.sql import types as T
+
+            self.declared = T.StructType([
+                T.StructField(f.name, T.StringType()) if isinstance(f.dataType, T.BinaryType) else f for f in declared.fields
+            ])
 
     def parsed(self, records: "DataFrame") -> "DataFrame":  # type: ignore[override]
         """``value`` (the document's JSON text), ``__kafka`` (a problem of the record itself), ``__v``."""
@@ -620,41 +631,79 @@ class _KafkaReader(_Reader):
 
     def _debezium(self, records: "DataFrame") -> "DataFrame":
         """Debezium events as documents: ``after`` for c/r/u, ``before`` marked deleted for d;
-        tombstones (null values) left out."""
+        tombstones (null values) left out. Each step is a column of its own, so no expression is
+        repeated inside another (Spark's analyzer would take minutes over the inlined tree)."""
         from pyspark.sql import functions as F
 
-        records = records.where(F.col("value").isNotNull())
-        event = parse_one(F.col("value"))
+        records = records.where(F.col("value").isNotNull()).withColumn("__raw", parse_one(F.col("value")))
+        event = F.col("__raw")
         # The JSON converter with schemas.enable wraps the event: {"schema": …, "payload": {…}}.
         wrapped = F.try_variant_get(event, "$.schema", "variant").isNotNull() & F.try_variant_get(event, "$.payload", "variant").isNotNull()
-        envelope = F.when(wrapped, F.try_variant_get(event, "$.payload", "variant")).otherwise(event)
-        records = records.withColumn("__event", envelope)
-        op = F.try_variant_get(F.col("__event"), "$.op", "string")
+        records = records.withColumn("__wrapped", F.coalesce(wrapped, F.lit(False)))
+        records = records.withColumn("__event", F.when(F.col("__wrapped"), F.try_variant_get(event, "$.payload", "variant")).otherwise(event))
+        ev = F.col("__event")
+        records = records.withColumn("__op", F.try_variant_get(ev, "$.op", "string"))
+        op = F.col("__op")
         # Placeholders (an unchanged TOASTed column): the fields are left out of the document and
         # named in __unavailable, so the MERGE keeps their stored values. Only records whose text
         # holds the placeholder are looked into.
-        fields = F.try_variant_get(F.col("__event"), "$.after", "map<string,variant>")
+        records = records.withColumn("__fields", F.try_variant_get(ev, "$.after", "map<string,variant>"))
+        fields = F.col("__fields")
         marks = [self.placeholder, base64.b64encode(self.placeholder.encode()).decode()]
+
         def unavailable_value(v: "Column") -> "Column":
             text = F.to_json(v)
             return text.isin(*[json.dumps(m) for m in marks]) | text.isin(*[json.dumps([m]) for m in marks])
+
         quick = functools.reduce(lambda a, b: a | b, [F.col("value").contains(m) for m in marks])
-        unavailable = F.when(quick, F.map_keys(F.map_filter(fields, lambda _k, v: unavailable_value(v))))
-        records = records.withColumn("__unavailable", F.when(F.size(unavailable) > 0, unavailable))
-        after = F.when(
-            F.col("__unavailable").isNotNull(), F.to_json(F.map_filter(fields, lambda _k, v: ~unavailable_value(v)))
-        ).otherwise(F.to_json(F.try_variant_get(F.col("__event"), "$.after", "variant")))
-        before = F.to_json(F.try_variant_get(F.col("__event"), "$.before", "variant"))
-        after_ok = F.try_variant_get(F.col("__event"), "$.after", "variant").isNotNull() & ~F.is_variant_null(
-            F.try_variant_get(F.col("__event"), "$.after", "variant")
+        records = records.withColumn("__unavailable", F.when(quick, F.map_keys(F.map_filter(fields, lambda _k, v: unavailable_value(v)))))
+        records = records.withColumn("__unavailable", F.when(F.size("__unavailable") > 0, F.col("__unavailable")))
+        records = records.withColumn(
+            "__available",
+            F.when(F.col("__unavailable").isNotNull(), F.map_filter(fields, lambda _k, v: ~unavailable_value(v))).otherwise(fields),
         )
+        # Debezium's semantic types (a Decimal's base64 bytes, a Date's days, …), named by the
+        # record's own schema envelope, or without one by source.schema: decoded here, on the
+        # executors, into values Spark casts exactly to the column types (debezium_types).
+        declared = dbz.declared_semantics(self.declared_landing)
+        named = F.when(F.col("__wrapped"), dbz.semantics(event))
+        records = records.withColumn("__semantic", named if declared is None else F.coalesce(named, declared))
+        records = records.withColumn("__semantic", F.when(F.size("__semantic") > 0, F.col("__semantic")))
+        sem = F.col("__semantic")
+
+        def decoded(values: str) -> "Column":
+            return F.when(sem.isNotNull(), F.transform_values(
+                F.col(values), lambda k, v: F.when(sem[k].isNull(), v).otherwise(dbz.decode(v, sem[k]))
+            ))
+
+        def undecoded(values: str, typed: str) -> "Column":
+            bad = F.map_filter(F.col(typed), lambda k, d: d.isNull() & sem[k].isNotNull() & ~F.is_variant_null(F.col(values)[k]))
+            return F.transform(F.map_keys(bad), lambda k: F.concat(k, F.lit(" ("), sem[k]["name"], F.lit(")")))
+
+        records = records.withColumn("__before_fields", F.try_variant_get(ev, "$.before", "map<string,variant>"))
+        records = records.withColumn("__typed_after", decoded("__available")).withColumn("__typed_before", decoded("__before_fields"))
+        records = records.withColumn("__undecoded", F.when(
+            sem.isNotNull(),
+            F.when(op == F.lit("d"), undecoded("__before_fields", "__typed_before")).otherwise(undecoded("__available", "__typed_after")),
+        ))
+        records = records.withColumn("__after", (
+            F.when(sem.isNotNull(), F.to_json(F.col("__typed_after")))
+            .when(F.col("__unavailable").isNotNull(), F.to_json(F.col("__available")))
+            .otherwise(F.to_json(F.try_variant_get(ev, "$.after", "variant")))
+        ))
+        records = records.withColumn(
+            "__before", F.when(sem.isNotNull(), F.to_json(F.col("__typed_before"))).otherwise(F.to_json(F.try_variant_get(ev, "$.before", "variant")))
+        )
+        after, before = F.col("__after"), F.col("__before")
+        after_ok = F.try_variant_get(ev, "$.after", "variant").isNotNull() & ~F.is_variant_null(F.try_variant_get(ev, "$.after", "variant"))
         # coalesce: a missing before/after has no schema (NULL), which must count as "not an object".
-        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT"), F.lit(False))
-        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT"), F.lit(False))
+        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(ev, "$.before", "variant")).startswith("OBJECT"), F.lit(False))
+        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(ev, "$.after", "variant")).startswith("OBJECT"), F.lit(False))
         # The event's source block (Postgres lsn, MySQL file/pos, ts_ms, …) goes under _meta.source,
         # which a binding may order by (sequence_by: [_meta.source.lsn]); _meta never lands.
-        source = F.to_json(F.try_variant_get(F.col("__event"), "$.source", "variant"))
-        meta = F.when(source.isNotNull(), F.concat(F.lit('"source":'), source))
+        source = F.to_json(F.try_variant_get(ev, "$.source", "variant"))
+        records = records.withColumn("__meta", F.when(source.isNotNull(), F.concat(F.lit('"source":'), source)))
+        meta = F.col("__meta")
         upserted = (
             F.when(meta.isNull(), after)
             .when(after == F.lit("{}"), F.concat(F.lit('{"_meta":{'), meta, F.lit("}}")))
@@ -686,10 +735,21 @@ class _KafkaReader(_Reader):
         )
         if not self.keep_stored:
             problem = problem.when((op != F.lit("d")) & F.col("__unavailable").isNotNull(), unkept)
-        text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
+        problem = problem.when(
+            F.size("__undecoded") > 0,
+            F.concat(
+                F.lit("field(s) "), F.array_join("__undecoded", ", "),
+                F.lit(" do not decode as their Debezium type says (base64 bytes of at most 38 digits for a decimal, a "
+                      "whole number for a date or time, ISO-8601 text for a ZonedTimestamp); the value is refused, "
+                      "never landed as NULL"),
+            ),
+        )
+        records = records.withColumn("__kafka", problem)
+        text = F.when(F.col("__kafka").isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
         return records.select(
-            text.alias("value"), F.col(SEQ), problem.alias("__kafka"),
+            text.alias("value"), F.col(SEQ), F.col("__kafka"),
             F.when(op != F.lit("d"), F.col("__unavailable")).alias("__unavailable"),
+            F.to_json(F.col("__semantic")).alias("__semantic"),
         )
 
     def problem(self, lean: bool = False) -> "Column":
@@ -705,11 +765,15 @@ class _KafkaReader(_Reader):
             # The names of fields some change did not carry (a few names, never rows).
             named = F.collect_set(F.when(F.col("__problem").isNull(), F.col("__unavailable")))
             tallies.append(F.array_distinct(F.flatten(named)).alias("unavailable"))
+            # The distinct semantic types of the epoch's fields (a few small maps, never rows).
+            tallies.append(F.collect_set(F.when(F.col("__problem").isNull(), F.col("__semantic"))).alias("semantic"))
         return tallies
 
     def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
         self.placeholders = self.payload == "debezium" and bool(row["unavailable"])
         self._unavailable = sorted(row["unavailable"] or []) if self.placeholders else []
+        if self.payload == "debezium":
+            self._semantic = dbz.semantic_fields(sorted(row["semantic"] or []), self.store.uri)
         return super()._verdict(checked, row)
 
     def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
@@ -718,14 +782,44 @@ class _KafkaReader(_Reader):
         markers or tombstones passed over) no row but the key columns: an empty epoch, which
         applies nothing and moves the position on."""
         from pyspark.sql import functions as F
-
-        from materializer.changes import UNAVAILABLE
+        from pyspark.sql import types as T
 
         if not schema.fields:
             return parsed.limit(0).select(*[F.lit(None).alias(k) for k in self.keys], F.lit("u").alias(OP), F.col(SEQ))
+        schema = self._landing(schema)
+        binary = [f.name for f in schema.fields if isinstance(f.dataType, T.BinaryType)]
+        if binary:
+            # Debezium's bytes are base64 text: cast as text, then decoded (checked per record).
+            schema = T.StructType([T.StructField(f.name, T.StringType()) if f.name in binary else f for f in schema.fields])
+        rows = self._rows(parsed, schema)
+        for name in binary:
+            rows = rows.withColumn(name, F.unbase64(F.col(name)))
+        return rows
+
+    def _landing(self, schema: "StructType") -> "StructType":
+        """``schema`` with Debezium's semantic types: the declared type where source.schema gives
+        one, else the type the semantic type lands as (debezium_types.landing_type)."""
+        from pyspark.sql import types as T
+
+        declared = self.declared_landing
+        fields = []
+        for f in schema.fields:
+            if declared is not None and f.name in declared.names:
+                fields.append(T.StructField(f.name, declared[f.name].dataType))
+            elif f.name in self._semantic:
+                fields.append(T.StructField(f.name, dbz.landing_type(*self._semantic[f.name])))
+            else:
+                fields.append(f)
+        return T.StructType(fields)
+
+    def _rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from materializer.changes import UNAVAILABLE
+
         if not (self.placeholders and self.keep_stored):
             return super().rows(parsed, schema)
-        from pyspark.sql import types as T
 
         # A field no change of the epoch carried a value for (placeholders and NULLs only) is no
         # column of the epoch's schema: it becomes one (NULL, typed by the table), so the MERGE
