@@ -380,9 +380,14 @@ class BindingConfig(Model):
     @property
     def change_controlled(self) -> bool:
         """Rows go through :mod:`materializer.changes` (sequence, tombstones, column control, history)."""
+        return self.options_controlled or self.placeholders_kept
+
+    @property
+    def options_controlled(self) -> bool:
+        """The binding's own options (not its source) ask for :mod:`materializer.changes`."""
         return bool(
             self.sequence_by or self.columns is not None or self.except_columns or self.ignore_null_updates
-            or self.delete_when or self.soft_delete or self.mode == "scd2" or self.placeholders_kept
+            or self.delete_when or self.soft_delete or self.mode == "scd2"
         )
 
     @property

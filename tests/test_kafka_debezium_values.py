@@ -30,6 +30,8 @@ def _event(op: str, before: Any, after: Any, envelope: bool = False) -> bytes:
 def test_the_placeholder_is_configurable_for_the_debezium_payload_only() -> None:
     source = parse_config(_source(format="kafka", bootstrap_servers="h", topic="a", payload="debezium", unavailable_value="?"), "x")
     assert source.bindings[0].source.unavailable_value == "?" and source.bindings[0].placeholders_kept
+    # Change-controlled for its placeholders, not by options: the drill's kafka oracle still models it.
+    assert source.bindings[0].change_controlled and not source.bindings[0].options_controlled
     with pytest.raises(ConfigError, match="unavailable_value is for payload debezium"):
         parse_config(_source(format="kafka", bootstrap_servers="h", topic="a", unavailable_value="?"), "x")
 
