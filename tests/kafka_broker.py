@@ -135,7 +135,13 @@ class Broker:
                     "num.network.threads=2",
                     "num.io.threads=2",
                     "background.threads=2",
-                    "log.cleaner.enable=false",
+                    # The log cleaner runs (compacted topics' tests), small: only topics created
+                    # with cleanup.policy=compact are ever cleaned.
+                    "log.cleaner.enable=true",
+                    "log.cleaner.threads=1",
+                    "log.cleaner.dedupe.buffer.size=4194304",
+                    "log.cleaner.io.buffer.size=65536",
+                    "log.cleaner.backoff.ms=200",
                 ]
             )
             + "\n"

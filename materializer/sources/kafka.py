@@ -49,6 +49,7 @@ import base64
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,9 @@ class Plan:
     """Records skipped under ``on_data_loss: skip``: ``[from, to)``."""
     lag: int = 0
     """Records left after the epoch."""
+    compaction: dict[Partition, int] = field(default_factory=dict)
+    """Compacted partitions read past their delete.retention.ms under ``on_data_loss: skip``: the
+    first unread record's offset (deletes from there on may be lost)."""
 
     @property
     def empty(self) -> bool:
@@ -207,6 +211,33 @@ def plan_epoch(
     return Plan(ranges=ranges, positions=after, lost=lost, lag=sum(backlog.values()) - sum(taken.values()))
 
 
+def compaction_risks(
+    known: dict[Partition, int], watermarks: dict[Partition, tuple[int, int]], compacted: dict[str, int],
+    recent: dict[Partition, int],
+) -> dict[Partition, int]:
+    """Partitions of compacted topics whose first unread record is older than the topic's
+    ``delete.retention.ms``, with that record's offset (the checkpoint's position).
+
+    ``known``: the checkpoint's positions (a new pipeline, or a partition it has not read, holds no
+    key a lost delete could leave behind: what a tombstone deleted was compacted away with it);
+    ``compacted``: the compacted topics' ``delete.retention.ms``; ``recent``: per partition, the
+    first offset whose timestamp is within that window (-1: none is)."""
+    out: dict[Partition, int] = {}
+    for partition, position in sorted(known.items()):
+        if partition[0] not in compacted or partition not in watermarks or position >= watermarks[partition][1]:
+            continue
+        first_recent = recent.get(partition, -1)
+        if first_recent < 0 or first_recent > position:
+            out[partition] = position
+    return out
+
+
+def _duration(ms: int) -> str:
+    if ms % 3_600_000 == 0:
+        return f"{ms} ms ({ms // 3_600_000} h)"
+    return f"{ms} ms ({ms / 1000:g} s)"
+
+
 def byte_budgets(plan: Plan, max_bytes: int) -> dict[Partition, int]:
     """Each partition's share of ``max_bytes``, in proportion to the records the plan takes from it
     (as ``max_records`` is shared), so partitions move together."""
@@ -226,7 +257,7 @@ def cut_by_bytes(plan: Plan, fits: dict[Partition, int]) -> Plan:
     for p, (a, _) in plan.ranges.items():
         positions[p] = a + taken[p]
     left = plan.records - sum(taken.values())
-    return Plan(ranges=ranges, positions=positions, lost=plan.lost, lag=plan.lag + left)
+    return Plan(ranges=ranges, positions=positions, lost=plan.lost, lag=plan.lag + left, compaction=plan.compaction)
 
 
 def _offsets_text(offsets: dict[Partition, int]) -> str:
@@ -276,6 +307,28 @@ class Offsets:
         low = self._list(partitions, "earliest", timeout)
         high = self._list(partitions, "latest", timeout)
         return {p: (low[p], high[p]) for p in partitions}
+
+    def compacted(self, topics: list[str], timeout: float = 30) -> dict[str, int]:
+        """The compacted topics among ``topics`` (``cleanup.policy`` holds ``compact``), each with
+        its ``delete.retention.ms``: how long the log cleaner keeps a delete (tombstone)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        out: dict[str, int] = {}
+        try:
+            futures = self.admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics], request_timeout=timeout)
+            for resource, future in futures.items():
+                configs = future.result()
+                policy = configs["cleanup.policy"].value or ""
+                if "compact" in policy.split(","):
+                    out[resource.name] = int(configs["delete.retention.ms"].value)
+        except KafkaException as exc:
+            raise SourceError(
+                f"{self.where}: describing the topics' configuration failed ({exc}): the source reads cleanup.policy and "
+                "delete.retention.ms to tell whether compaction may have removed deletes it has not read. Allow the "
+                "client DescribeConfigs on the topics (client_options); nothing from this transaction was applied."
+            ) from None
+        return out
 
     def at_timestamp(self, partitions: list[Partition], millis: int, timeout: float = 30) -> dict[Partition, int]:
         """The first offset at or after ``millis`` per partition (-1: none yet, so the latest)."""
@@ -349,6 +402,7 @@ class KafkaSource(Source):
         start = self._starting(watermarks) if checkpoint is None else None
         config = self.binding.source
         plan = plan_epoch(watermarks, self.topics, checkpoint, start, limit, config.on_data_loss, self.where)
+        self._check_compaction(checkpoint, watermarks, plan)
         for (topic, partition), (a, b) in plan.lost.items():
             log.warning(
                 "%s: on_data_loss=skip: partition %s/%d offsets %d to %d (%d records) were gone from the broker "
@@ -356,6 +410,40 @@ class KafkaSource(Source):
                 self.where, topic, partition, a, b - 1, b - a,
             )
         return plan
+
+    def _check_compaction(self, checkpoint: dict[str, Any] | None, watermarks: dict[Partition, tuple[int, int]], plan: Plan) -> None:
+        """A compacted topic's log cleaner removes a delete (tombstone) ``delete.retention.ms``
+        after cleaning it: a pipeline whose first unread record is older than that may never see
+        deletes, and the keys would stay in the table. Stop, or go on under ``on_data_loss: skip``
+        (logged, and named in the epoch's description)."""
+        known = {p: o for p, o in positions_of(checkpoint).items() if p in watermarks and o < watermarks[p][1]}
+        if not known:
+            return
+        compacted = self.offsets().compacted(sorted({t for t, _ in known}))
+        if not compacted:
+            return
+        now = int(time.time() * 1000)
+        recent: dict[Partition, int] = {}
+        for topic, window in compacted.items():
+            recent.update(self.offsets().at_timestamp(sorted(p for p in known if p[0] == topic), now - window))
+        risks = compaction_risks(known, watermarks, compacted, recent)
+        for (topic, partition), offset in risks.items():
+            window = _duration(compacted[topic])
+            if self.binding.source.on_data_loss != "skip":
+                raise SourceError(
+                    f"{self.where}: partition {topic}/{partition} of compacted topic {topic!r}: the first record the "
+                    f"pipeline has not read (offset {offset}) is older than the topic's delete.retention.ms, {window}. "
+                    "The log cleaner may have removed deletes (tombstones) written since, which the table would never "
+                    "see: their keys would stay. Rebuild the table from the topic (a new pipeline), or set "
+                    "source.on_data_loss: skip to go on (logged); keep pipelines within the window (run more often, "
+                    f"raise max_records or delete.retention.ms). Nothing from this transaction was applied."
+                )
+            log.warning(
+                "%s: on_data_loss=skip: partition %s/%d of compacted topic %s: the first unread record (offset %d) is "
+                "older than delete.retention.ms (%s): deletes the cleaner removed since are NOT applied",
+                self.where, topic, partition, topic, offset, window,
+            )
+            plan.compaction[(topic, partition)] = offset
 
     def declared_schema(self, spark: "SparkSession") -> "StructType | None":
         ddl = self.binding.source.schema_ddl
@@ -454,6 +542,11 @@ class KafkaSource(Source):
         description = plan.description()
         if plan.lost:
             description += f"; SKIPPED lost records: {_offsets_text({p: a for p, (a, _) in plan.lost.items()})} (on_data_loss: skip)"
+        if plan.compaction:
+            description += (
+                f"; read PAST delete.retention.ms of compacted {_offsets_text(plan.compaction)}: deletes may be lost "
+                "(on_data_loss: skip)"
+            )
         return SourceBatch(
             documents=reader.rows(parsed, schema),
             checkpoint=plan.checkpoint(),
