@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from materializer.dead_letters import split
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import OP, SEQ, Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
@@ -527,11 +528,17 @@ class KafkaSource(Source):
         reader = _KafkaReader(
             spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from,
             placeholder=config.unavailable_value, keep_stored=self.binding.placeholders_kept,
+            dead_letter=self.binding.on_invalid == "dead_letter",
         )
         _change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
+            rejected = None
+            if reader.bad:
+                # on_invalid: dead_letter (README: 'Dead letters'): the valid records go on.
+                checked = reader.checked(parsed)
+                parsed, rejected = split(checked)[0], reader.rejected_records(checked)
         except SourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - a Spark failure reading the range, explained if it is one
@@ -549,6 +556,8 @@ class KafkaSource(Source):
             )
         return SourceBatch(
             documents=reader.rows(parsed, schema),
+            rejected=rejected,
+            rejected_count=reader.bad,
             checkpoint=plan.checkpoint(),
             count=count,
             description=description,
@@ -588,6 +597,7 @@ class KafkaSource(Source):
             F.col("value").cast("string").alias("value"),
             F.col("key").cast("string").alias("key"),
             F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
+            F.col("timestamp"),
         )
 
 
@@ -619,7 +629,7 @@ class _KafkaReader(_Reader):
     def __init__(
         self, spark: "SparkSession", where: str, keys: list[str], declared: "StructType | None",
         checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value", *,
-        placeholder: str = "__debezium_unavailable_value", keep_stored: bool = True,
+        placeholder: str = "__debezium_unavailable_value", keep_stored: bool = True, dead_letter: bool = False,
     ) -> None:
         super().__init__(spark, _Where(where), keys, declared, checkpoint)  # type: ignore[arg-type]
         self.payload = payload
@@ -632,6 +642,8 @@ class _KafkaReader(_Reader):
         """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
         self._unavailable: list[str] = []
         """The fields holding placeholders in the epoch."""
+        self.kafka_dead_letters = dead_letter
+        self.dead_letter = dead_letter
         self._semantic: dict[str, tuple[str, dict[str, str]]] = {}
         """The epoch's fields with a decoded Debezium type: name and parameters (set by :meth:`check`)."""
         self.declared_landing = declared if payload == "debezium" else None
@@ -649,6 +661,9 @@ class _KafkaReader(_Reader):
 
         # Kafka Connect's JSON converter with schemas.enable writes a tombstone (a null value) as
         # {"schema": null, "payload": null}: the same tombstone.
+        if self.kafka_dead_letters:
+            # The record as read, for the dead-letter table.
+            records = records.withColumn("__record", F.struct(F.col("timestamp"), F.col("key"), F.col("value")))
         records = records.withColumn("value", F.when(~null_envelope(F.col("value")), F.col("value")))
         if self.payload == "debezium":
             records = self._debezium(records)
@@ -719,7 +734,7 @@ class _KafkaReader(_Reader):
             .withColumn("__key_inner", key_inner)
             .withColumn("__value_inner", value_inner)
             .withColumn("__kafka", problem)
-            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"))
+            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"), *self._carried())
         )
 
     def _debezium(self, records: "DataFrame") -> "DataFrame":
@@ -843,6 +858,7 @@ class _KafkaReader(_Reader):
             text.alias("value"), F.col(SEQ), F.col("__kafka"),
             F.when(op != F.lit("d"), F.col("__unavailable")).alias("__unavailable"),
             F.to_json(F.col("__semantic")).alias("__semantic"),
+            *self._carried(),
         )
 
     def problem(self, lean: bool = False) -> "Column":
@@ -850,10 +866,42 @@ class _KafkaReader(_Reader):
 
         return F.coalesce(F.col("__kafka"), super().problem(lean))
 
+    # --- dead letters ---
+
+    def _carried(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        return [F.col("__record")] if self.kafka_dead_letters else []
+
+    def rejected_records(self, checked: "DataFrame") -> "DataFrame":
+        """The epoch's invalid records as the dead-letter table keeps them: where they are
+        (``source``, ``topic``, ``partition``, ``offset``), the record (``timestamp``, ``key``,
+        ``value`` as read) and the rule broken (``reason``, the words of ``on_invalid: fail``)."""
+        from pyspark.sql import functions as F
+
+        return checked.where(F.col("__problem").isNotNull()).select(
+            F.lit(self.store.uri).alias("source"),
+            F.col(f"{SEQ}.topic").alias("topic"),
+            F.col(f"{SEQ}.partition").alias("partition"),
+            F.col(f"{SEQ}.offset").alias("offset"),
+            F.col("__record.timestamp").alias("timestamp"),
+            F.col("__record.key").alias("key"),
+            F.col("__problem").alias("reason"),
+            F.col("__record.value").alias("value"),
+        )
+
     def _tallies(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        tallies = super()._tallies()
+        # The documents reader would collect the bad documents' files: records have none (the bad
+        # ones are found again by their __problem).
+        dead_letter, self.dead_letter = self.dead_letter, False
+        try:
+            tallies = super()._tallies()
+        finally:
+            self.dead_letter = dead_letter
+        if dead_letter:
+            tallies.append(F.array().cast("array<string>").alias("files"))
         if self.payload == "debezium":
             # The names of fields some change did not carry (a few names, never rows).
             named = F.collect_set(F.when(F.col("__problem").isNull(), F.col("__unavailable")))
