@@ -59,7 +59,10 @@ before its final upsert, so the MERGE knows which stored values that delete wipe
 FROM = "__from"
 """Staged only (``ignore_null_updates`` with ``sequence_by``): per field, the sequence of the change
 its value comes from, so the MERGE keeps a stored value newer than it."""
-HIDDEN = (SEQUENCE, DELETED, DELETED_AT, START_AT, END_AT, CURRENT, RESET, FROM)
+UNAVAILABLE = "__unavailable"
+"""Staged only (a source's placeholders, Debezium's ``__debezium_unavailable_value``): per row, the
+fields whose value the change does not carry, so the MERGE keeps the stored value."""
+HIDDEN = (SEQUENCE, DELETED, DELETED_AT, START_AT, END_AT, CURRENT, RESET, FROM, UNAVAILABLE)
 """Names a document may not use in a change-controlled binding."""
 SEQUENCE_NUMBER = "decimal(38,9)"
 """The type of a numeric sequence field: exact for integers up to 29 digits (LSNs, offsets,
@@ -280,7 +283,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _lands(column: str, binding: BindingConfig) -> bool:
-    if column in binding.key or column in (OP, SEQ, SEQUENCE):
+    if column in binding.key or column in (OP, SEQ, SEQUENCE, UNAVAILABLE):
         return True
     if binding.columns is not None:
         return column in binding.columns
@@ -310,23 +313,35 @@ def combine(documents: "DataFrame", binding: BindingConfig) -> "DataFrame":
     keys = [F.col(quote(k)) for k in binding.key]
     order = order_of(docs)
     carried = [c for c in docs.columns if c not in binding.key and c != SEQ]
-    if not binding.ignore_null_updates:
+    unavailable = UNAVAILABLE in docs.columns
+    if not binding.ignore_null_updates and not unavailable:
         latest = docs.groupBy(*keys).agg(F.max_by(F.struct(*[F.col(quote(c)) for c in carried]), order).alias("__last"))
         return latest.select(*keys, *[F.col("__last")[c].alias(c) for c in carried])
     docs = docs.withColumn("__order", order)
     # The last delete per key (a window: every field below needs it before its own max_by).
     docs = docs.withColumn("__reset", F.max(F.when(F.col(OP) == "d", F.col("__order"))).over(Window.partitionBy(*keys)))
     after_reset = F.col("__reset").isNull() | (F.col("__order") > F.col("__reset"))
-    values = [c for c in carried if c not in (OP, SEQUENCE)]
+    values = [c for c in carried if c not in (OP, SEQUENCE, UNAVAILABLE)]
+
+    def carries(c: str) -> "Column":
+        """Whether a change brings a value for ``c``: not NULL (ignore_null_updates), not a placeholder."""
+        held = after_reset
+        if binding.ignore_null_updates:
+            held = held & F.col(quote(c)).isNotNull()
+        if unavailable:
+            held = held & ~F.coalesce(F.array_contains(F.col(UNAVAILABLE), F.lit(c)), F.lit(False))
+        return held
+
     aggregates = [F.max_by(F.struct(F.col(OP), *([F.col(SEQUENCE)] if SEQUENCE in docs.columns else [])), F.col("__order")).alias("__last")]
-    aggregates += [
-        F.max_by(F.col(quote(c)), F.when(F.col(quote(c)).isNotNull() & after_reset, F.col("__order"))).alias(c) for c in values
-    ]
+    aggregates += [F.max_by(F.col(quote(c)), F.when(carries(c), F.col("__order"))).alias(c) for c in values]
+    if unavailable:
+        # The fields no change of the key's (after its last delete) brought: the stored value stays.
+        aggregates.append(F.array_compact(F.array(*[F.when(F.max(F.when(carries(c), F.lit(1))).isNull(), F.lit(c)) for c in values]) if values else F.array().cast("array<string>")).alias(UNAVAILABLE))
     aggregates.append(F.max(F.col("__reset")).alias("__reset"))
     sequenced = SEQUENCE in docs.columns
     if sequenced:
         aggregates.append(F.struct(*[
-            F.max(F.when(F.col(quote(c)).isNotNull() & after_reset, F.col("__order"))).alias(c) for c in values
+            F.max(F.when(carries(c), F.col("__order"))).alias(c) for c in values
         ]).alias("__from"))
     latest = docs.groupBy(*keys).agg(*aggregates)
     reset = F.col("__reset")["s"] if sequenced else F.col("__reset").isNotNull()
@@ -337,6 +352,7 @@ def combine(documents: "DataFrame", binding: BindingConfig) -> "DataFrame":
         *([F.col("__last")[SEQUENCE].alias(SEQUENCE)] if sequenced else []),
         F.when(F.col("__reset").isNotNull(), reset).alias(RESET),
         *([F.struct(*[F.col("__from")[c]["s"].alias(c) for c in values]).alias(FROM)] if sequenced and values else []),
+        *([F.col(UNAVAILABLE)] if unavailable else []),
     )
 
 
@@ -403,7 +419,7 @@ def keeps_field_sequences(binding: BindingConfig) -> bool:
 def staged_only(columns: list[str], binding: BindingConfig | None = None) -> list[str]:
     """Columns of the MERGE's source that are not table columns."""
     kept = (RESET, FROM) if binding is not None and keeps_field_sequences(binding) else ()
-    return [c for c in columns if c in (OP, RESET, FROM, "__remove") and c not in kept]
+    return [c for c in columns if c in (OP, RESET, FROM, UNAVAILABLE, "__remove") and c not in kept]
 
 
 def merge_sql(
@@ -438,6 +454,17 @@ def merge_sql(
         return _merge_field_sequences(binding, target, source_view, columns, evolve, condition, t, q, data, fields)
 
     def value(c: str) -> str:
+        if UNAVAILABLE in columns and c not in keys:
+            # A placeholder (no value in the change) keeps the stored value, unless a delete since
+            # wiped it (as ignore_null_updates does for NULL, for this one field).
+            reset = f"coalesce(s.{q(RESET)}, false)" if not sequenced else (
+                f"(s.{q(RESET)} IS NOT NULL AND ({t(SEQUENCE)} IS NULL OR s.{q(RESET)} >= {t(SEQUENCE)}))"
+            )
+            kept = f"array_contains(s.{q(UNAVAILABLE)}, {_sql_text(c)}) AND NOT ({was_deleted} OR {reset})"
+            return f"CASE WHEN {kept} THEN {t(c)} ELSE {stored_or_new(c)} END"
+        return stored_or_new(c)
+
+    def stored_or_new(c: str) -> str:
         if not binding.ignore_null_updates or c in keys:
             return f"s.{q(c)}"
         # Without sequence_by every change of the epoch is newer than the stored row: the stored
@@ -543,6 +570,10 @@ def _merge_field_sequences(
         clauses.append(f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)}")
     clauses.append(_insert(binding, columns, data, fields, is_delete, q))
     return f"MERGE{evolve} INTO {target} t USING {q(source_view)} s ON {condition} " + " ".join(clauses)
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # --- mode scd2: every version -------------------------------------------------------------------

@@ -30,7 +30,7 @@ class Model(BaseModel):
 
 KAFKA_FIELDS = (
     "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
-    "on_data_loss",
+    "on_data_loss", "unavailable_value",
 )
 """SourceConfig fields that only the kafka format takes."""
 KAFKA_RESERVED_OPTIONS = (
@@ -48,8 +48,10 @@ class SourceConfig(Model):
     path: str | None = None
     """documents and cdcv2: folder (or S3 prefix) holding the source's files."""
     schema_: str | None = Field(default=None, alias="schema")
-    """documents (and kafka's documents payload): the documents' fields as Spark DDL (``id BIGINT,
-    name STRING, at TIMESTAMP``).
+    """documents (and kafka's documents and debezium payloads): the documents' fields as Spark DDL
+    (``id BIGINT, name STRING, at TIMESTAMP``); for Debezium events without the schema envelope,
+    declared DECIMAL, DATE and BINARY fields are read as Debezium encodes them (README:
+    'Debezium's types').
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
@@ -86,10 +88,16 @@ class SourceConfig(Model):
     scalar or plain text; a record with a null value (a tombstone) then deletes that key."""
     options: dict[str, str] = Field(default_factory=dict)
     """kafka: options handed to Spark's Kafka reader as they are, e.g. security
-    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``)."""
+    (``kafka.security.protocol: SASL_SSL``, ``kafka.sasl.jaas.config: …``).
+    ``kafka.isolation.level`` is ``read_committed`` unless set to ``read_uncommitted`` here (then
+    records of aborted and open transactions are read too: not exactly once)."""
     client_options: dict[str, str] = Field(default_factory=dict)
     """kafka: librdkafka settings of the driver's offset look-ups (the Python admin client), e.g.
     ``security.protocol``, ``sasl.mechanism``, ``sasl.username``; ``bootstrap.servers`` is set."""
+    unavailable_value: str = Field(default="__debezium_unavailable_value", min_length=1)
+    """kafka, debezium payload: the placeholder Debezium writes for a value it does not have (an
+    unchanged TOASTed Postgres column; the connector's ``unavailable.value.placeholder``). A field
+    holding it (as text, base64 bytes, or an array of it) keeps the table's stored value."""
     on_data_loss: Literal["fail", "skip"] = "fail"
     """kafka: records the pipeline had not read that the broker no longer has (retention, deleted
     records). ``fail`` stops the run naming the partition and offsets; ``skip`` goes on from the
@@ -111,9 +119,9 @@ class SourceConfig(Model):
 
     @model_validator(mode="after")
     def _schema_only_for_documents(self) -> "SourceConfig":
-        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload == "documents")
+        documents_like = self.format == "documents" or (self.format == "kafka" and self.payload in ("documents", "debezium"))
         if self.schema_ is not None and not documents_like:
-            raise ValueError("schema is only for documents (the documents format, or kafka's documents payload)")
+            raise ValueError("schema is only for documents (the documents format, or kafka's documents and debezium payloads)")
         defaults = SourceConfig.model_fields
         byte_bound = self.format == "documents" or (self.format == "kafka" and self.payload != "cdcv2")
         if (self.format != "documents" and self.max_files != defaults["max_files"].default) or (
@@ -150,10 +158,17 @@ class SourceConfig(Model):
                 "max_records is not for payload cdcv2: an epoch reads every statement still needed (a time's "
                 "statements may be anywhere in the topic) and takes whole complete times up to transaction.max_documents"
             )
+        if "unavailable_value" in self.model_fields_set and self.payload != "debezium":
+            raise ValueError("unavailable_value is for payload debezium (Debezium's placeholder of a value it does not have)")
         if self.key_from == "message" and self.payload != "documents":
             raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
         _check_starting(self.starting, names)
-        for key in self.options:
+        for key, value in self.options.items():
+            if key.lower() == "kafka.isolation.level" and value.strip().lower() not in ("read_committed", "read_uncommitted"):
+                raise ValueError(
+                    f"options.{key}: {value!r} is not an isolation level: read_committed (the default: records of "
+                    "committed transactions only) or read_uncommitted (not exactly once for transactional producers)"
+                )
             if key.lower() in KAFKA_RESERVED_OPTIONS:
                 raise ValueError(
                     f"options.{key}: the kafka source sets this itself (the epoch's exact offsets, data-loss checks); "
@@ -243,7 +258,9 @@ class BindingConfig(Model):
     on_invalid: Literal["fail", "dead_letter"] = "fail"
     """A document that fails the checks: ``fail`` stops the run naming file and line (nothing of
     the epoch is committed); ``dead_letter`` commits the epoch without it and writes it, with its
-    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents source)."""
+    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents source;
+    kafka's documents and debezium payloads, with the record's topic, partition, offset, timestamp,
+    key and value)."""
     dead_letter_table: str | None = None
     """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
     name with ``_dead_letters`` appended)."""
@@ -275,10 +292,12 @@ class BindingConfig(Model):
         problem = retention_problem(dict(self.properties))
         if problem:
             raise ValueError(f"properties: {problem}. Remove it")
-        if self.on_invalid == "dead_letter" and self.source.format != "documents":
+        if self.on_invalid == "dead_letter" and (
+            self.source.format == "cdcv2" or (self.source.format == "kafka" and self.source.payload == "cdcv2")
+        ):
             raise ValueError(
-                "on_invalid: dead_letter is built for the documents source only so far; "
-                f"this source is {self.source.format} (use on_invalid: fail)"
+                "on_invalid: dead_letter is built for the documents source and kafka's documents and debezium payloads "
+                "so far; CDC v2 statements take on_invalid: fail"
             )
         if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
             raise ValueError("dead_letter_table is for on_invalid: dead_letter")
@@ -345,10 +364,10 @@ class BindingConfig(Model):
                 "sequence_by, columns, except_columns, ignore_null_updates, delete_when and soft_delete are for "
                 "mode standard or scd2 (delta_updates appends every epoch's changes as they are)"
             )
-        if (controlled or self.mode == "scd2") and any(s != "lastWriteWins" for s in self.reductions.values()):
+        if (controlled or self.mode == "scd2" or self.placeholders_kept) and any(s != "lastWriteWins" for s in self.reductions.values()):
             raise ValueError(
-                "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes "
-                "or mode scd2 yet: a change is the whole latest row there (README: 'Change semantics')"
+                "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes, "
+                "mode scd2 or Debezium events yet: a change is the whole latest row there (README: 'Change semantics')"
             )
         if self.mode != "scd2" and (self.track_history is not None or self.track_history_except):
             raise ValueError("track_history and track_history_except are for mode scd2")
@@ -365,10 +384,20 @@ class BindingConfig(Model):
     @property
     def change_controlled(self) -> bool:
         """Rows go through :mod:`materializer.changes` (sequence, tombstones, column control, history)."""
+        return self.options_controlled or self.placeholders_kept
+
+    @property
+    def options_controlled(self) -> bool:
+        """The binding's own options (not its source) ask for :mod:`materializer.changes`."""
         return bool(
             self.sequence_by or self.columns is not None or self.except_columns or self.ignore_null_updates
             or self.delete_when or self.soft_delete or self.mode == "scd2"
         )
+
+    @property
+    def placeholders_kept(self) -> bool:
+        """Debezium events in standard mode: a placeholder keeps the stored value (changes.UNAVAILABLE)."""
+        return self.mode == "standard" and self.source.format == "kafka" and self.source.payload == "debezium"
 
     @property
     def needs_loads(self) -> bool:

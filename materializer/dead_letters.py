@@ -7,7 +7,9 @@ appended to the binding's dead-letter Delta table by the epoch's apply, under th
 there, so each rejected document lands exactly once. Columns:
 
 ``binding``, ``epoch``, ``source`` (the file's URI), ``line`` (1-based), ``reason`` (what the check
-found, as the error of ``on_invalid: fail`` words it), ``document`` (the line as read).
+found, as the error of ``on_invalid: fail`` words it), ``document`` (the line as read). The kafka
+source's records keep ``binding``, ``epoch``, ``source`` (the source's ``kafka://`` URI), ``topic``,
+``partition``, ``offset``, ``timestamp``, ``key``, ``reason`` and ``value`` (key and value as read).
 
 Only what a document shows alone is dead-lettered (not JSON, no key, a reserved field, a value
 that does not fit ``source.schema``); documents that cannot make one table *together* (a field
@@ -36,6 +38,7 @@ def split(checked: "DataFrame", reason: str = REASON) -> tuple["DataFrame", "Dat
 
 
 def rejected_rows(bad: "DataFrame", source: "Column", line: "Column", reason: str = REASON) -> "DataFrame":
+    # (the documents source's columns; the kafka source's are its reader's rejected_records)
     """The dead-letter rows of one epoch's invalid documents, before the epoch is known."""
     from pyspark.sql import functions as F
 
@@ -48,6 +51,4 @@ def for_epoch(rejected: "DataFrame", binding: str, epoch: int) -> "DataFrame":
     """``rejected`` with the binding and the epoch it was read in, in the table's column order."""
     from pyspark.sql import functions as F
 
-    return rejected.select(
-        F.lit(binding).alias("binding"), F.lit(epoch).cast("long").alias("epoch"), "source", "line", "reason", "document"
-    )
+    return rejected.select(F.lit(binding).alias("binding"), F.lit(epoch).cast("long").alias("epoch"), *rejected.columns)

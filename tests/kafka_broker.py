@@ -135,7 +135,13 @@ class Broker:
                     "num.network.threads=2",
                     "num.io.threads=2",
                     "background.threads=2",
-                    "log.cleaner.enable=false",
+                    # The log cleaner runs (compacted topics' tests), small: only topics created
+                    # with cleanup.policy=compact are ever cleaned.
+                    "log.cleaner.enable=true",
+                    "log.cleaner.threads=1",
+                    "log.cleaner.dedupe.buffer.size=4194304",
+                    "log.cleaner.io.buffer.size=65536",
+                    "log.cleaner.backoff.ms=200",
                 ]
             )
             + "\n"
@@ -259,6 +265,28 @@ class Broker:
             producer.poll(0)
         remaining = producer.flush(60)
         assert remaining == 0 and not failures, f"produce failed: {remaining} unsent, {failures[:3]}"
+
+    def transaction(self, topic: str, messages: list[tuple[Any, Any, int | None]], end: str | None, producer: Any = None) -> Any:
+        """Write ``messages`` in one transaction of a transactional producer and ``end`` it
+        (``commit``, ``abort``, or None: left open, the records written but not committed).
+        Returns the producer (``producer.commit_transaction()`` ends an open one later)."""
+        from confluent_kafka import Producer
+
+        if producer is None:
+            producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "linger.ms": 5})
+            producer.init_transactions(60)
+        producer.begin_transaction()
+        for key, value, partition in messages:
+            kwargs: dict[str, Any] = {"key": key, "value": value}
+            if partition is not None:
+                kwargs["partition"] = partition
+            producer.produce(topic, **kwargs)
+        assert producer.flush(60) == 0
+        if end == "commit":
+            producer.commit_transaction(60)
+        elif end == "abort":
+            producer.abort_transaction(60)
+        return producer
 
 
 import pytest  # noqa: E402 - the fixture below; the module above is usable without pytest

@@ -45,7 +45,7 @@ def test_dead_letters_are_for_the_documents_source_and_have_a_default_table() ->
     b = {"name": "b", "table": "/t/orders", "key": ["id"], "on_invalid": "dead_letter"}
     config = parse_config({**base, "bindings": [{**b, "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")
     assert config.bindings[0].dead_letters == "/t/orders_dead_letters"
-    with pytest.raises(ConfigError, match="documents source only"):
+    with pytest.raises(ConfigError, match="CDC v2 statements take on_invalid: fail"):
         parse_config({**base, "bindings": [{**b, "source": {"format": "cdcv2", "path": "/x"}}]}, "f.yaml")
     with pytest.raises(ConfigError, match="dead_letter_table is for on_invalid"):
         parse_config({**base, "bindings": [{**b, "on_invalid": "fail", "dead_letter_table": "/d", "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")

@@ -11,6 +11,11 @@ no record passes through the Python process. Nothing is committed to a consumer 
 offsets are the only position, so a replay is the epoch's staged file, and an epoch that was never
 committed is read again from the same start.
 
+Committed records only: Spark reads ``read_committed`` and the ranges end at the last stable
+offset, unless ``options`` set ``kafka.isolation.level: read_uncommitted``. Aborted records and
+transaction markers count as read: a range of nothing else is an empty epoch (no row, the
+position moves on).
+
 Partitions are listed each epoch: one that appeared since the checkpoint is read from offset 0.
 A topic that is gone, a partition that is gone, a partition whose offsets went backwards (the topic
 was recreated) and records the pipeline had not read that the broker no longer has (retention,
@@ -40,15 +45,19 @@ found in two partitions of one epoch takes the record of the higher (topic, part
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from materializer.dead_letters import split
 from materializer.errors import ConfigError, SourceError
-from materializer.sources import SEQ, Source, SourceBatch
+from materializer.sources import OP, SEQ, Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
+from materializer.sources import debezium_types as dbz
 from materializer.sources.json_text import parse_one
 from materializer.storage import Store
 
@@ -77,6 +86,9 @@ class Plan:
     """Records skipped under ``on_data_loss: skip``: ``[from, to)``."""
     lag: int = 0
     """Records left after the epoch."""
+    compaction: dict[Partition, int] = field(default_factory=dict)
+    """Compacted partitions read past their delete.retention.ms under ``on_data_loss: skip``: the
+    first unread record's offset (deletes from there on may be lost)."""
 
     @property
     def empty(self) -> bool:
@@ -200,6 +212,33 @@ def plan_epoch(
     return Plan(ranges=ranges, positions=after, lost=lost, lag=sum(backlog.values()) - sum(taken.values()))
 
 
+def compaction_risks(
+    known: dict[Partition, int], watermarks: dict[Partition, tuple[int, int]], compacted: dict[str, int],
+    recent: dict[Partition, int],
+) -> dict[Partition, int]:
+    """Partitions of compacted topics whose first unread record is older than the topic's
+    ``delete.retention.ms``, with that record's offset (the checkpoint's position).
+
+    ``known``: the checkpoint's positions (a new pipeline, or a partition it has not read, holds no
+    key a lost delete could leave behind: what a tombstone deleted was compacted away with it);
+    ``compacted``: the compacted topics' ``delete.retention.ms``; ``recent``: per partition, the
+    first offset whose timestamp is within that window (-1: none is)."""
+    out: dict[Partition, int] = {}
+    for partition, position in sorted(known.items()):
+        if partition[0] not in compacted or partition not in watermarks or position >= watermarks[partition][1]:
+            continue
+        first_recent = recent.get(partition, -1)
+        if first_recent < 0 or first_recent > position:
+            out[partition] = position
+    return out
+
+
+def _duration(ms: int) -> str:
+    if ms % 3_600_000 == 0:
+        return f"{ms} ms ({ms // 3_600_000} h)"
+    return f"{ms} ms ({ms / 1000:g} s)"
+
+
 def byte_budgets(plan: Plan, max_bytes: int) -> dict[Partition, int]:
     """Each partition's share of ``max_bytes``, in proportion to the records the plan takes from it
     (as ``max_records`` is shared), so partitions move together."""
@@ -219,7 +258,7 @@ def cut_by_bytes(plan: Plan, fits: dict[Partition, int]) -> Plan:
     for p, (a, _) in plan.ranges.items():
         positions[p] = a + taken[p]
     left = plan.records - sum(taken.values())
-    return Plan(ranges=ranges, positions=positions, lost=plan.lost, lag=plan.lag + left)
+    return Plan(ranges=ranges, positions=positions, lost=plan.lost, lag=plan.lag + left, compaction=plan.compaction)
 
 
 def _offsets_text(offsets: dict[Partition, int]) -> str:
@@ -227,6 +266,16 @@ def _offsets_text(offsets: dict[Partition, int]) -> str:
 
 
 # --- the brokers' offsets (a Python admin client: metadata only) ----------------------------------
+
+ISOLATION = "kafka.isolation.level"
+"""Spark's Kafka reader option (the consumer's ``isolation.level``)."""
+
+
+def isolation_level(options: dict[str, str]) -> str:
+    """``read_committed`` unless ``options`` set ``kafka.isolation.level: read_uncommitted``."""
+    given = next((v for k, v in options.items() if k.lower() == ISOLATION), "read_committed")
+    return given.strip().lower()
+
 
 
 class Offsets:
@@ -259,6 +308,28 @@ class Offsets:
         low = self._list(partitions, "earliest", timeout)
         high = self._list(partitions, "latest", timeout)
         return {p: (low[p], high[p]) for p in partitions}
+
+    def compacted(self, topics: list[str], timeout: float = 30) -> dict[str, int]:
+        """The compacted topics among ``topics`` (``cleanup.policy`` holds ``compact``), each with
+        its ``delete.retention.ms``: how long the log cleaner keeps a delete (tombstone)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        out: dict[str, int] = {}
+        try:
+            futures = self.admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics], request_timeout=timeout)
+            for resource, future in futures.items():
+                configs = future.result()
+                policy = configs["cleanup.policy"].value or ""
+                if "compact" in policy.split(","):
+                    out[resource.name] = int(configs["delete.retention.ms"].value)
+        except KafkaException as exc:
+            raise SourceError(
+                f"{self.where}: describing the topics' configuration failed ({exc}): the source reads cleanup.policy and "
+                "delete.retention.ms to tell whether compaction may have removed deletes it has not read. Allow the "
+                "client DescribeConfigs on the topics (client_options); nothing from this transaction was applied."
+            ) from None
+        return out
 
     def at_timestamp(self, partitions: list[Partition], millis: int, timeout: float = 30) -> dict[Partition, int]:
         """The first offset at or after ``millis`` per partition (-1: none yet, so the latest)."""
@@ -306,9 +377,7 @@ class KafkaSource(Source):
     def offsets(self) -> Offsets:
         if self._offsets is None:
             config = self.binding.source
-            read_committed = any(
-                k.lower() == "kafka.isolation.level" and v.lower() == "read_committed" for k, v in config.options.items()
-            )
+            read_committed = isolation_level(config.options) == "read_committed"
             self._offsets = Offsets(config.bootstrap_servers, dict(config.client_options), self.where, read_committed)
         return self._offsets
 
@@ -334,6 +403,7 @@ class KafkaSource(Source):
         start = self._starting(watermarks) if checkpoint is None else None
         config = self.binding.source
         plan = plan_epoch(watermarks, self.topics, checkpoint, start, limit, config.on_data_loss, self.where)
+        self._check_compaction(checkpoint, watermarks, plan)
         for (topic, partition), (a, b) in plan.lost.items():
             log.warning(
                 "%s: on_data_loss=skip: partition %s/%d offsets %d to %d (%d records) were gone from the broker "
@@ -341,6 +411,40 @@ class KafkaSource(Source):
                 self.where, topic, partition, a, b - 1, b - a,
             )
         return plan
+
+    def _check_compaction(self, checkpoint: dict[str, Any] | None, watermarks: dict[Partition, tuple[int, int]], plan: Plan) -> None:
+        """A compacted topic's log cleaner removes a delete (tombstone) ``delete.retention.ms``
+        after cleaning it: a pipeline whose first unread record is older than that may never see
+        deletes, and the keys would stay in the table. Stop, or go on under ``on_data_loss: skip``
+        (logged, and named in the epoch's description)."""
+        known = {p: o for p, o in positions_of(checkpoint).items() if p in watermarks and o < watermarks[p][1]}
+        if not known:
+            return
+        compacted = self.offsets().compacted(sorted({t for t, _ in known}))
+        if not compacted:
+            return
+        now = int(time.time() * 1000)
+        recent: dict[Partition, int] = {}
+        for topic, window in compacted.items():
+            recent.update(self.offsets().at_timestamp(sorted(p for p in known if p[0] == topic), now - window))
+        risks = compaction_risks(known, watermarks, compacted, recent)
+        for (topic, partition), offset in risks.items():
+            window = _duration(compacted[topic])
+            if self.binding.source.on_data_loss != "skip":
+                raise SourceError(
+                    f"{self.where}: partition {topic}/{partition} of compacted topic {topic!r}: the first record the "
+                    f"pipeline has not read (offset {offset}) is older than the topic's delete.retention.ms, {window}. "
+                    "The log cleaner may have removed deletes (tombstones) written since, which the table would never "
+                    "see: their keys would stay. Rebuild the table from the topic (a new pipeline), or set "
+                    "source.on_data_loss: skip to go on (logged); keep pipelines within the window (run more often, "
+                    f"raise max_records or delete.retention.ms). Nothing from this transaction was applied."
+                )
+            log.warning(
+                "%s: on_data_loss=skip: partition %s/%d of compacted topic %s: the first unread record (offset %d) is "
+                "older than delete.retention.ms (%s): deletes the cleaner removed since are NOT applied",
+                self.where, topic, partition, topic, offset, window,
+            )
+            plan.compaction[(topic, partition)] = offset
 
     def declared_schema(self, spark: "SparkSession") -> "StructType | None":
         ddl = self.binding.source.schema_ddl
@@ -422,12 +526,19 @@ class KafkaSource(Source):
     def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
         config = self.binding.source
         reader = _KafkaReader(
-            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from
+            spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from,
+            placeholder=config.unavailable_value, keep_stored=self.binding.placeholders_kept,
+            dead_letter=self.binding.on_invalid == "dead_letter",
         )
         _change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
+            rejected = None
+            if reader.bad:
+                # on_invalid: dead_letter (README: 'Dead letters'): the valid records go on.
+                checked = reader.checked(parsed)
+                parsed, rejected = split(checked)[0], reader.rejected_records(checked)
         except SourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - a Spark failure reading the range, explained if it is one
@@ -438,8 +549,15 @@ class KafkaSource(Source):
         description = plan.description()
         if plan.lost:
             description += f"; SKIPPED lost records: {_offsets_text({p: a for p, (a, _) in plan.lost.items()})} (on_data_loss: skip)"
+        if plan.compaction:
+            description += (
+                f"; read PAST delete.retention.ms of compacted {_offsets_text(plan.compaction)}: deletes may be lost "
+                "(on_data_loss: skip)"
+            )
         return SourceBatch(
             documents=reader.rows(parsed, schema),
+            rejected=rejected,
+            rejected_count=reader.bad,
             checkpoint=plan.checkpoint(),
             count=count,
             description=description,
@@ -461,6 +579,9 @@ class KafkaSource(Source):
         reader = spark.read.format("kafka")
         for key, value in config.options.items():
             reader = reader.option(key, value)
+        # Committed records only unless the user says otherwise: the range ends at the last stable
+        # offset (Offsets), and Spark passes over aborted records and transaction markers in it.
+        reader = reader.option(ISOLATION, isolation_level(config.options))
         raw = (
             reader.option("kafka.bootstrap.servers", config.bootstrap_servers)
             .option("assign", json.dumps(assign))
@@ -476,10 +597,29 @@ class KafkaSource(Source):
             F.col("value").cast("string").alias("value"),
             F.col("key").cast("string").alias("key"),
             F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
+            F.col("timestamp"),
         )
 
 
 # --- reading and checking: the documents source's reader, over records --------------------------
+
+
+def null_envelope(value: "Column") -> "Column":
+    """Whether a record's value is ``{"schema": null, "payload": null}`` (Kafka Connect's JSON
+    converter's tombstone); false for a null value and for anything else."""
+    from pyspark.sql import functions as F
+
+    if_short = F.length(value) < 64  # the envelope is short: longer values are never parsed here
+    event = F.when(if_short, F.try_parse_json(value))
+    fields = F.when(F.schema_of_variant(event).startswith("OBJECT"), F.json_object_keys(F.to_json(event)))
+    return F.coalesce(
+        if_short
+        & (F.size(fields) == 2)
+        & F.is_variant_null(F.try_variant_get(event, "$.schema", "variant"))
+        & F.is_variant_null(F.try_variant_get(event, "$.payload", "variant")),
+        F.lit(False),
+    )
+
 
 
 class _KafkaReader(_Reader):
@@ -488,16 +628,43 @@ class _KafkaReader(_Reader):
 
     def __init__(
         self, spark: "SparkSession", where: str, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value",
+        checkpoint: dict[str, Any] | None, payload: str, key_from: str = "value", *,
+        placeholder: str = "__debezium_unavailable_value", keep_stored: bool = True, dead_letter: bool = False,
     ) -> None:
         super().__init__(spark, _Where(where), keys, declared, checkpoint)  # type: ignore[arg-type]
         self.payload = payload
         self.key_from = key_from
+        self.placeholder = placeholder
+        """Debezium's value for a value it does not have (``unavailable_value``)."""
+        self.keep_stored = keep_stored
+        """Placeholders keep the stored value (mode standard); else a record holding one is refused."""
+        self.placeholders = False
+        """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
+        self._unavailable: list[str] = []
+        """The fields holding placeholders in the epoch."""
+        self.kafka_dead_letters = dead_letter
+        self.dead_letter = dead_letter
+        self._semantic: dict[str, tuple[str, dict[str, str]]] = {}
+        """The epoch's fields with a decoded Debezium type: name and parameters (set by :meth:`check`)."""
+        self.declared_landing = declared if payload == "debezium" else None
+        """source.schema as declared (its BINARY fields land from base64; the checks see STRING)."""
+        if declared is not None and payload == "debezium":
+            from pyspark.sql import types as T
+
+            self.declared = T.StructType([
+                T.StructField(f.name, T.StringType()) if isinstance(f.dataType, T.BinaryType) else f for f in declared.fields
+            ])
 
     def parsed(self, records: "DataFrame") -> "DataFrame":  # type: ignore[override]
         """``value`` (the document's JSON text), ``__kafka`` (a problem of the record itself), ``__v``."""
         from pyspark.sql import functions as F
 
+        # Kafka Connect's JSON converter with schemas.enable writes a tombstone (a null value) as
+        # {"schema": null, "payload": null}: the same tombstone.
+        if self.kafka_dead_letters:
+            # The record as read, for the dead-letter table.
+            records = records.withColumn("__record", F.struct(F.col("timestamp"), F.col("key"), F.col("value")))
+        records = records.withColumn("value", F.when(~null_envelope(F.col("value")), F.col("value")))
         if self.payload == "debezium":
             records = self._debezium(records)
         elif self.key_from == "message":
@@ -567,33 +734,84 @@ class _KafkaReader(_Reader):
             .withColumn("__key_inner", key_inner)
             .withColumn("__value_inner", value_inner)
             .withColumn("__kafka", problem)
-            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"))
+            .select(text.alias("value"), F.col(SEQ), F.col("__kafka"), *self._carried())
         )
 
     def _debezium(self, records: "DataFrame") -> "DataFrame":
         """Debezium events as documents: ``after`` for c/r/u, ``before`` marked deleted for d;
-        tombstones (null values) left out."""
+        tombstones (null values) left out. Each step is a column of its own, so no expression is
+        repeated inside another (Spark's analyzer would take minutes over the inlined tree)."""
         from pyspark.sql import functions as F
 
-        records = records.where(F.col("value").isNotNull())
-        event = parse_one(F.col("value"))
+        records = records.where(F.col("value").isNotNull()).withColumn("__raw", parse_one(F.col("value")))
+        event = F.col("__raw")
         # The JSON converter with schemas.enable wraps the event: {"schema": …, "payload": {…}}.
         wrapped = F.try_variant_get(event, "$.schema", "variant").isNotNull() & F.try_variant_get(event, "$.payload", "variant").isNotNull()
-        envelope = F.when(wrapped, F.try_variant_get(event, "$.payload", "variant")).otherwise(event)
-        records = records.withColumn("__event", envelope)
-        op = F.try_variant_get(F.col("__event"), "$.op", "string")
-        after = F.to_json(F.try_variant_get(F.col("__event"), "$.after", "variant"))
-        before = F.to_json(F.try_variant_get(F.col("__event"), "$.before", "variant"))
-        after_ok = F.try_variant_get(F.col("__event"), "$.after", "variant").isNotNull() & ~F.is_variant_null(
-            F.try_variant_get(F.col("__event"), "$.after", "variant")
+        records = records.withColumn("__wrapped", F.coalesce(wrapped, F.lit(False)))
+        records = records.withColumn("__event", F.when(F.col("__wrapped"), F.try_variant_get(event, "$.payload", "variant")).otherwise(event))
+        ev = F.col("__event")
+        records = records.withColumn("__op", F.try_variant_get(ev, "$.op", "string"))
+        op = F.col("__op")
+        # Placeholders (an unchanged TOASTed column): the fields are left out of the document and
+        # named in __unavailable, so the MERGE keeps their stored values. Only records whose text
+        # holds the placeholder are looked into.
+        records = records.withColumn("__fields", F.try_variant_get(ev, "$.after", "map<string,variant>"))
+        fields = F.col("__fields")
+        marks = [self.placeholder, base64.b64encode(self.placeholder.encode()).decode()]
+
+        def unavailable_value(v: "Column") -> "Column":
+            text = F.to_json(v)
+            return text.isin(*[json.dumps(m) for m in marks]) | text.isin(*[json.dumps([m]) for m in marks])
+
+        quick = functools.reduce(lambda a, b: a | b, [F.col("value").contains(m) for m in marks])
+        records = records.withColumn("__unavailable", F.when(quick, F.map_keys(F.map_filter(fields, lambda _k, v: unavailable_value(v)))))
+        records = records.withColumn("__unavailable", F.when(F.size("__unavailable") > 0, F.col("__unavailable")))
+        records = records.withColumn(
+            "__available",
+            F.when(F.col("__unavailable").isNotNull(), F.map_filter(fields, lambda _k, v: ~unavailable_value(v))).otherwise(fields),
         )
+        # Debezium's semantic types (a Decimal's base64 bytes, a Date's days, …), named by the
+        # record's own schema envelope, or without one by source.schema: decoded here, on the
+        # executors, into values Spark casts exactly to the column types (debezium_types).
+        declared = dbz.declared_semantics(self.declared_landing)
+        named = F.when(F.col("__wrapped"), dbz.semantics(event))
+        records = records.withColumn("__semantic", named if declared is None else F.coalesce(named, declared))
+        records = records.withColumn("__semantic", F.when(F.size("__semantic") > 0, F.col("__semantic")))
+        sem = F.col("__semantic")
+
+        def decoded(values: str) -> "Column":
+            return F.when(sem.isNotNull(), F.transform_values(
+                F.col(values), lambda k, v: F.when(sem[k].isNull(), v).otherwise(dbz.decode(v, sem[k]))
+            ))
+
+        def undecoded(values: str, typed: str) -> "Column":
+            bad = F.map_filter(F.col(typed), lambda k, d: d.isNull() & sem[k].isNotNull() & ~F.is_variant_null(F.col(values)[k]))
+            return F.transform(F.map_keys(bad), lambda k: F.concat(k, F.lit(" ("), sem[k]["name"], F.lit(")")))
+
+        records = records.withColumn("__before_fields", F.try_variant_get(ev, "$.before", "map<string,variant>"))
+        records = records.withColumn("__typed_after", decoded("__available")).withColumn("__typed_before", decoded("__before_fields"))
+        records = records.withColumn("__undecoded", F.when(
+            sem.isNotNull(),
+            F.when(op == F.lit("d"), undecoded("__before_fields", "__typed_before")).otherwise(undecoded("__available", "__typed_after")),
+        ))
+        records = records.withColumn("__after", (
+            F.when(sem.isNotNull(), F.to_json(F.col("__typed_after")))
+            .when(F.col("__unavailable").isNotNull(), F.to_json(F.col("__available")))
+            .otherwise(F.to_json(F.try_variant_get(ev, "$.after", "variant")))
+        ))
+        records = records.withColumn(
+            "__before", F.when(sem.isNotNull(), F.to_json(F.col("__typed_before"))).otherwise(F.to_json(F.try_variant_get(ev, "$.before", "variant")))
+        )
+        after, before = F.col("__after"), F.col("__before")
+        after_ok = F.try_variant_get(ev, "$.after", "variant").isNotNull() & ~F.is_variant_null(F.try_variant_get(ev, "$.after", "variant"))
         # coalesce: a missing before/after has no schema (NULL), which must count as "not an object".
-        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.before", "variant")).startswith("OBJECT"), F.lit(False))
-        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(F.col("__event"), "$.after", "variant")).startswith("OBJECT"), F.lit(False))
+        before_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(ev, "$.before", "variant")).startswith("OBJECT"), F.lit(False))
+        after_obj = F.coalesce(F.schema_of_variant(F.try_variant_get(ev, "$.after", "variant")).startswith("OBJECT"), F.lit(False))
         # The event's source block (Postgres lsn, MySQL file/pos, ts_ms, …) goes under _meta.source,
         # which a binding may order by (sequence_by: [_meta.source.lsn]); _meta never lands.
-        source = F.to_json(F.try_variant_get(F.col("__event"), "$.source", "variant"))
-        meta = F.when(source.isNotNull(), F.concat(F.lit('"source":'), source))
+        source = F.to_json(F.try_variant_get(ev, "$.source", "variant"))
+        records = records.withColumn("__meta", F.when(source.isNotNull(), F.concat(F.lit('"source":'), source)))
+        meta = F.col("__meta")
         upserted = (
             F.when(meta.isNull(), after)
             .when(after == F.lit("{}"), F.concat(F.lit('{"_meta":{'), meta, F.lit("}}")))
@@ -610,13 +828,149 @@ class _KafkaReader(_Reader):
             .when((op == F.lit("d")) & ~before_obj, F.lit("Debezium delete (op 'd') has no 'before' object to take the key from"))
             .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit("' (truncate 't', message 'm') is not supported: only c, r, u and d change rows")))
         )
-        text = F.when(problem.isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
-        return records.select(text.alias("value"), F.col(SEQ), problem.alias("__kafka"))
+        unkept = F.concat(
+            F.lit("Debezium's placeholder for a value it does not have ("), F.lit(self.placeholder), F.lit(") in field(s) "),
+            F.array_join(F.array_sort(F.col("__unavailable")), ", "),
+            F.lit(": only mode standard keeps the stored value in its place; set the connector to send the value "
+                  "(Postgres: REPLICA IDENTITY FULL), or use mode standard"),
+        )
+        keys_unavailable = functools.reduce(
+            lambda a, b: a | b, [F.array_contains(F.col("__unavailable"), F.lit(k)) for k in self.keys]
+        )
+        problem = problem.when(
+            (op != F.lit("d")) & keys_unavailable,
+            F.concat(F.lit("key field(s) hold Debezium's placeholder "), F.lit(self.placeholder), F.lit(": a key must be sent")),
+        )
+        if not self.keep_stored:
+            problem = problem.when((op != F.lit("d")) & F.col("__unavailable").isNotNull(), unkept)
+        problem = problem.when(
+            F.size("__undecoded") > 0,
+            F.concat(
+                F.lit("field(s) "), F.array_join("__undecoded", ", "),
+                F.lit(" do not decode as their Debezium type says (base64 bytes of at most 38 digits for a decimal, a "
+                      "whole number for a date or time, ISO-8601 text for a ZonedTimestamp); the value is refused, "
+                      "never landed as NULL"),
+            ),
+        )
+        records = records.withColumn("__kafka", problem)
+        text = F.when(F.col("__kafka").isNotNull(), F.col("value")).when(op == F.lit("d"), deleted).otherwise(upserted)
+        return records.select(
+            text.alias("value"), F.col(SEQ), F.col("__kafka"),
+            F.when(op != F.lit("d"), F.col("__unavailable")).alias("__unavailable"),
+            F.to_json(F.col("__semantic")).alias("__semantic"),
+            *self._carried(),
+        )
 
     def problem(self, lean: bool = False) -> "Column":
         from pyspark.sql import functions as F
 
         return F.coalesce(F.col("__kafka"), super().problem(lean))
+
+    # --- dead letters ---
+
+    def _carried(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        return [F.col("__record")] if self.kafka_dead_letters else []
+
+    def rejected_records(self, checked: "DataFrame") -> "DataFrame":
+        """The epoch's invalid records as the dead-letter table keeps them: where they are
+        (``source``, ``topic``, ``partition``, ``offset``), the record (``timestamp``, ``key``,
+        ``value`` as read) and the rule broken (``reason``, the words of ``on_invalid: fail``)."""
+        from pyspark.sql import functions as F
+
+        return checked.where(F.col("__problem").isNotNull()).select(
+            F.lit(self.store.uri).alias("source"),
+            F.col(f"{SEQ}.topic").alias("topic"),
+            F.col(f"{SEQ}.partition").alias("partition"),
+            F.col(f"{SEQ}.offset").alias("offset"),
+            F.col("__record.timestamp").alias("timestamp"),
+            F.col("__record.key").alias("key"),
+            F.col("__problem").alias("reason"),
+            F.col("__record.value").alias("value"),
+        )
+
+    def _tallies(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        # The documents reader would collect the bad documents' files: records have none (the bad
+        # ones are found again by their __problem).
+        dead_letter, self.dead_letter = self.dead_letter, False
+        try:
+            tallies = super()._tallies()
+        finally:
+            self.dead_letter = dead_letter
+        if dead_letter:
+            tallies.append(F.array().cast("array<string>").alias("files"))
+        if self.payload == "debezium":
+            # The names of fields some change did not carry (a few names, never rows).
+            named = F.collect_set(F.when(F.col("__problem").isNull(), F.col("__unavailable")))
+            tallies.append(F.array_distinct(F.flatten(named)).alias("unavailable"))
+            # The distinct semantic types of the epoch's fields (a few small maps, never rows).
+            tallies.append(F.collect_set(F.when(F.col("__problem").isNull(), F.col("__semantic"))).alias("semantic"))
+        return tallies
+
+    def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
+        self.placeholders = self.payload == "debezium" and bool(row["unavailable"])
+        self._unavailable = sorted(row["unavailable"] or []) if self.placeholders else []
+        if self.payload == "debezium":
+            self._semantic = dbz.semantic_fields(sorted(row["semantic"] or []), self.store.uri)
+        return super()._verdict(checked, row)
+
+    def rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
+        """The documents' rows (with Debezium's placeholders, the fields each change does not carry:
+        ``__unavailable``); for a range without a document (only aborted records, transaction
+        markers or tombstones passed over) no row but the key columns: an empty epoch, which
+        applies nothing and moves the position on."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        if not schema.fields:
+            return parsed.limit(0).select(*[F.lit(None).alias(k) for k in self.keys], F.lit("u").alias(OP), F.col(SEQ))
+        schema = self._landing(schema)
+        binary = [f.name for f in schema.fields if isinstance(f.dataType, T.BinaryType)]
+        if binary:
+            # Debezium's bytes are base64 text: cast as text, then decoded (checked per record).
+            schema = T.StructType([T.StructField(f.name, T.StringType()) if f.name in binary else f for f in schema.fields])
+        rows = self._rows(parsed, schema)
+        for name in binary:
+            rows = rows.withColumn(name, F.unbase64(F.col(name)))
+        return rows
+
+    def _landing(self, schema: "StructType") -> "StructType":
+        """``schema`` with Debezium's semantic types: the declared type where source.schema gives
+        one, else the type the semantic type lands as (debezium_types.landing_type)."""
+        from pyspark.sql import types as T
+
+        declared = self.declared_landing
+        fields = []
+        for f in schema.fields:
+            if declared is not None and f.name in declared.names:
+                fields.append(T.StructField(f.name, declared[f.name].dataType))
+            elif f.name in self._semantic:
+                fields.append(T.StructField(f.name, dbz.landing_type(*self._semantic[f.name])))
+            else:
+                fields.append(f)
+        return T.StructType(fields)
+
+    def _rows(self, parsed: "DataFrame", schema: "StructType") -> "DataFrame":
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from materializer.changes import UNAVAILABLE
+
+        if not (self.placeholders and self.keep_stored):
+            return super().rows(parsed, schema)
+
+        # A field no change of the epoch carried a value for (placeholders and NULLs only) is no
+        # column of the epoch's schema: it becomes one (NULL, typed by the table), so the MERGE
+        # can keep its stored value.
+        missing = [name for name in self._unavailable if name not in schema.names]
+        schema = T.StructType(schema.fields + [T.StructField(name, T.NullType()) for name in missing])
+        # The documents reader's rows keep _seq of each document: __unavailable rides in it.
+        carried = parsed.withColumn(SEQ, F.struct(F.col(SEQ).alias("s"), F.col("__unavailable").alias("u")))
+        rows = super().rows(carried, schema)
+        return rows.withColumn(UNAVAILABLE, F.col(SEQ)["u"]).withColumn(SEQ, F.col(SEQ)["s"])
 
     def _located(
         self, checked: "DataFrame", first: Any, bad: int | None, shape: str | None, problems: list[str] | None = None

@@ -33,7 +33,7 @@ from materializer.errors import SourceError
 from materializer.sources import SEQ, SourceBatch
 from materializer.sources.cdcv2 import START, CdcV2Source, Origin, _Scan
 from materializer.sources.json_text import parse_one
-from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, positions_of
+from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, null_envelope, positions_of
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -103,8 +103,8 @@ class KafkaCdcV2Source(CdcV2Source):
                 ).alias("file"),
             )
             # A null or blank value holds no statement (as a blank line of a file does): a
-            # compaction tombstone, which CDC v2 does not write.
-            .where(F.trim("value") != "")
+            # compaction tombstone (also in Kafka Connect's JSON form), which CDC v2 does not write.
+            .where((F.trim("value") != "") & ~null_envelope(F.col("value")))
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         self._scan_starts = {p: a for p, (a, _) in plan.ranges.items()}

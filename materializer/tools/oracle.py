@@ -392,7 +392,7 @@ def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
 
 def expected(binding: BindingConfig, max_documents: int) -> Expected:
     """The oracle's expectation for one binding, or ``verified=False`` with the reason."""
-    if binding.source.format == "kafka" and binding.change_controlled:
+    if binding.source.format == "kafka" and binding.options_controlled:
         return Expected(binding=binding.name, verified=False, reason="the kafka oracle does not model sequence_by or column control")
     if binding.source.format == "kafka":
         import materializer.tools.oracle_kafka  # noqa: F401 - registers the kafka oracle (confluent-kafka)

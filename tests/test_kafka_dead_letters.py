@@ -1,0 +1,104 @@
+"""``on_invalid: dead_letter`` for the kafka source on a real broker: bad records of the documents
+and debezium payloads land once in the dead-letter table with where they were and the record as
+read, also when the apply is cut between the table and the dead-letter table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.config import load_config, parse_config
+from materializer.errors import ConfigError
+from materializer.runtime import Runtime
+from tests.helpers import write_config
+from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.test_kafka import _source, kafka_binding, log_entries
+from tests.test_kafka_transactions import delta_rs_rows
+
+
+class Killed(BaseException):
+    """The process dies here (no clean-up runs)."""
+
+
+def test_dead_letters_are_for_the_documents_and_debezium_payloads() -> None:
+    for payload in ("documents", "debezium"):
+        data = _source(format="kafka", bootstrap_servers="h", topic="a", payload=payload)
+        data["bindings"][0]["on_invalid"] = "dead_letter"
+        assert parse_config(data, "x").bindings[0].dead_letters == "t_dead_letters"
+    data = _source(format="kafka", bootstrap_servers="h", topic="a", payload="cdcv2")
+    data["bindings"][0]["on_invalid"] = "dead_letter"
+    with pytest.raises(ConfigError, match="CDC v2 statements take on_invalid: fail"):
+        parse_config(data, "x")
+
+
+def _dead(table: Path) -> list[tuple[Any, ...]]:
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(table)).transaction_version("test-pipeline") is not None
+    rows = []
+    for r in _rows(table):
+        assert r["timestamp"] is not None and r["source"].startswith("kafka://")
+        rows.append((r["binding"], r["epoch"], r["topic"], r["partition"], r["offset"], r["key"], r["reason"], r["value"]))
+    return sorted(rows, key=lambda r: (r[1], r[3], r[4]))
+
+
+def _rows(table: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    reader = QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT * FROM t")
+    return pa.RecordBatchReader.from_stream(reader).read_all().to_pylist()
+
+
+def _event(op: str, after: Any) -> bytes:
+    return json.dumps({"before": None, "after": after, "op": op, "source": {}}).encode()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_cut_short(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    broker.create_topic("dl", 2)
+    broker.create_topic("dl-dbz", 1)
+    broker.produce("dl", [
+        (b"1", b'{"id": 1, "v": 1}', 0), (b"x", b"not json", 0), (b"y", b'{"v": "no key"}', 0),
+        (b"2", b'{"id": 2, "v": 2}', 1), (b"3", b'{"id": 3, "_op": "x"}', 1),
+    ])
+    broker.produce("dl-dbz", [(b"7", _event("c", {"id": 7, "name": "g"}), 0), (b"8", _event("t", None), 0), (b"9", b"{", 0)])
+    tables = tmp_path / "tables"
+    config = load_config(write_config(tmp_path, [
+        {**kafka_binding(broker, "docs", "dl", tables / "docs"), "on_invalid": "dead_letter"},
+        {**kafka_binding(broker, "dbz", "dl-dbz", tables / "dbz", payload="debezium"), "on_invalid": "dead_letter"},
+    ]))
+
+    # Killed after the first table's commit, before its dead letters: the re-apply adds them once.
+    runtime = Runtime(config, spark)
+
+    def killed(*_args: Any) -> Any:
+        raise Killed("killed between the table's commit and its dead letters'")
+
+    runtime.driver.writer.append_dead_letters = killed  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        runtime.run()
+    assert max(log_entries(config)) == 1 and not (tables / "docs_dead_letters").exists()
+    Runtime(config, spark).run()
+
+    assert delta_rs_rows(tables / "docs") == {1: {"id": 1, "v": 1}, 2: {"id": 2, "v": 2}}
+    assert delta_rs_rows(tables / "dbz") == {7: {"id": 7, "name": "g"}}
+    docs = _dead(tables / "docs_dead_letters")
+    assert [r[:6] for r in docs] == [("docs", 1, "dl", 0, 1, "x"), ("docs", 1, "dl", 0, 2, "y"), ("docs", 1, "dl", 1, 1, "3")]
+    assert "not valid JSON" in docs[0][6] and "key field 'id' is missing" in docs[1][6] and "'_op' is reserved" in docs[2][6]
+    assert [r[7] for r in docs] == ["not json", '{"v": "no key"}', '{"id": 3, "_op": "x"}']
+    dbz = _dead(tables / "dbz_dead_letters")
+    assert [r[:6] for r in dbz] == [("dbz", 1, "dl-dbz", 0, 1, "8"), ("dbz", 1, "dl-dbz", 0, 2, "9")]
+    assert "op 't'" in dbz[0][6] and dbz[1][7] == "{"
+
+    # A later epoch's bad record is appended with its epoch; the first epoch's are not again.
+    broker.produce("dl", [(b"4", b'{"id": 4, "v": [1', 0), (b"5", b'{"id": 5, "v": 5}', 1)])
+    Runtime(config, spark).run()
+    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")] == [(1, "dl", 0, 1), (1, "dl", 0, 2), (1, "dl", 1, 1), (2, "dl", 0, 3)]
+    assert sorted(delta_rs_rows(tables / "docs")) == [1, 2, 5]
