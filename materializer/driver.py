@@ -91,6 +91,8 @@ class DeltaDriver(Driver):
         """Raises FencedError if a newer writer holds the log: called after listing what to
         delete and before deleting it (DESIGN invariant 10)."""
         self._written: set[str] = set()
+        self._txn_proven: set[str] = set()
+        """Bindings whose table was seen recording this run's txn id after an apply."""
         """Bindings whose tables hold rows of an applied epoch (so the table must exist)."""
         self._stored: dict[str, DataFrame] = {}
         self._rejected: dict[str, DataFrame] = {}
@@ -109,6 +111,7 @@ class DeltaDriver(Driver):
         """Check that what each table records is ours and agrees with the log, then delete staged
         files that no committed entry references (Flink's abort of the in-doubt), only while this
         writer holds the log (:meth:`StagingArea.delete_unreferenced`)."""
+        self.writer.probe_txn_confs()
         with self.collector.span("check_tables", message.last_epoch):
             self._check_tables(message.last_epoch, message.driver_checkpoint)
         if message.driver_checkpoint is not None:
@@ -306,6 +309,10 @@ class DeltaDriver(Driver):
             if binding.name in message.driver_checkpoint.truncate:
                 self.writer.truncate(binding, epoch)
             result = self.writer.apply(binding, epoch, staged)
+            if result.status == "applied" and binding.name not in self._txn_proven:
+                # Once per table and run (invariant 13): Delta recorded the txn id of that commit.
+                self.writer.prove_txn_recorded(binding, epoch)
+                self._txn_proven.add(binding.name)
             results.append(result)
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
             rejected = message.driver_checkpoint.dead_letters.get(binding.name)

@@ -84,3 +84,10 @@ class StartupError(MaterializerError):
     """
 
     exit_code = 10
+
+
+class TxnNotRecordedError(MaterializerError):
+    """The compute does not record (or refuses) Delta's transaction id on our commits: replays
+    would apply twice, so nothing more is applied (DESIGN invariant 13)."""
+
+    exit_code = 11

@@ -27,7 +27,7 @@ from materializer.delta import (
     table_version,
     user_metadata,
 )
-from materializer.errors import ApplyError, ConfigError, StagingError, TableStateError
+from materializer.errors import ApplyError, ConfigError, StagingError, TableStateError, TxnNotRecordedError
 from materializer.layout import create_table_sql, is_already_exists
 from materializer.progress import Collector
 from materializer.protocol import ApplyResult, StagedFile
@@ -188,6 +188,39 @@ class DeltaWriter:
                 metrics=metrics or {},
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+
+    def probe_txn_confs(self) -> None:
+        """Set and unset the txn confs on the apply session, before anything is read: a compute
+        that refuses them (some serverless computes let a job set only a short list of confs) stops
+        the run here, not at the first apply of a committed epoch."""
+        conf = self.apply_spark.conf
+        for key, value in ((TXN_APP_ID, self.config.pipeline_id), (TXN_VERSION, "0"), (USER_METADATA, "{}")):
+            try:
+                conf.set(key, value)
+                conf.unset(key)
+            except Exception as exc:  # noqa: BLE001 - any refusal, whatever the compute calls it
+                raise TxnNotRecordedError(
+                    f"this Spark session refuses the Spark conf {key} ({_cause(exc)}). The materializer's "
+                    "exactly-once rests on Delta's transaction id (spark.databricks.delta.write.txnAppId and "
+                    "txnVersion) on every commit it makes, so it cannot run here: nothing was read or written. "
+                    "Run it on a compute that lets a job set Spark confs (a classic or job cluster, a Spark "
+                    "Connect server you run, or a serverless environment that allows these confs)."
+                ) from None
+
+    def prove_txn_recorded(self, binding: BindingConfig, epoch: int) -> None:
+        """After an apply that committed: the table records ``epoch`` for this pipeline. A compute
+        that ignored the txn confs would commit without them, and a replay would apply twice."""
+        table = TableRef(binding.table)
+        state = table_state(self.apply_spark, table, self.config.pipeline_id)
+        if state.txn_version != epoch:
+            raise TxnNotRecordedError(
+                f"epoch {epoch}, binding {binding.name}: the commit just made to {binding.table} does not record "
+                f"Delta's transaction id (the table records {state.txn_version!r} for pipeline "
+                f"{self.config.pipeline_id!r}, not {epoch}). This compute did not honour the txn confs "
+                "(spark.databricks.delta.write.txnAppId/txnVersion), so a replay would apply twice: nothing more "
+                "is applied. Run the pipeline on a compute that records them; the epoch is in the recovery log "
+                "and the table holds its rows once."
+            )
 
     @contextmanager
     def transaction(self, props: CommitProperties) -> Iterator[None]:
