@@ -129,11 +129,11 @@ def assert_tables_equal_oracle(
         assert result.ok, f"{name}: lost {result.lost}, duplicated {result.duplicated}, wrong {result.wrong}"
         if is_path and "://" not in table:
             # Every reader opens our tables (DESIGN invariant 12): delta-rs reads the same rows.
-            result = oracle.compare(expected, delta_rs_rows(table), binding_config.key)
+            result = oracle.compare(expected, delta_rs_list(table), binding_config.key)
             assert result.ok, f"{name} read by delta-rs: lost {result.lost}, duplicated {result.duplicated}, wrong {result.wrong}"
 
 
-def delta_rs_rows(table: Path | str) -> list[dict[str, Any]]:
+def delta_rs_list(table: Path | str) -> list[dict[str, Any]]:
     """A Delta table's rows as delta-rs reads them (its QueryBuilder applies deletion vectors), in
     the Python types Spark's ``collect`` gives (naive local times, bytearrays)."""
     import datetime
@@ -270,11 +270,9 @@ class InProcessCrash:
 def delta_rs_rows(table: Path | str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The Delta table read by delta-rs (no Spark) as {key: row}, NULL fields dropped as in
     :func:`table_rows`: the second reader every checked table must open (DESIGN invariant 12).
-    The table must be written without deletion vectors (delta-rs reads their log, not their rows)."""
-    from deltalake import DeltaTable
-
+    Read through delta-rs' QueryBuilder, which applies deletion vectors."""
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in DeltaTable(str(table)).to_pyarrow_table().to_pylist():
+    for row in delta_rs_list(table):
         data = {k: v for k, v in row.items() if v is not None}
         k = tuple(data[f] for f in key)
         assert k not in out, f"key {k} appears twice in {table}"

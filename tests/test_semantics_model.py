@@ -171,9 +171,9 @@ def _canon(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _delta_rs_rows(table: Path) -> list[dict[str, Any]]:
-    from tests.helpers import delta_rs_rows
+    from tests.helpers import delta_rs_list
 
-    return delta_rs_rows(table)
+    return delta_rs_list(table)
 
 
 def _run_example(spark: Any, root: Path, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> tuple[Any, Path]:
