@@ -20,15 +20,18 @@ SECTIONS = [
     ("BindingConfig", "bindings[].", "`bindings[]`: one per table"),
     ("SourceConfig", "bindings[].source.", "`bindings[].source`"),
 ]
+ANCHORS = {"PipelineConfig": "pipeline", "TransactionConfig": "transaction", "SparkConfig": "spark",
+           "BindingConfig": "bindings", "SourceConfig": "source"}
 
 
 def _type(prop: dict[str, Any]) -> str:
     if "$ref" in prop:
-        return "object (" + prop["$ref"].rsplit("/", 1)[-1].removesuffix("Config").lower() + ")"
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        return f"object, [below](#{ANCHORS[name]})"
     if "anyOf" in prop:
         return " or ".join(_type(p) for p in prop["anyOf"])
     if "enum" in prop:
-        return " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
+        return " | ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     t = prop.get("type", "any")
@@ -76,13 +79,19 @@ def render(schema: dict[str, Any] | None = None) -> str:
     for name, prefix, title in SECTIONS:
         model = defs[name]
         required = set(model.get("required", []))
-        lines += [f"## {title}", ""]
+        lines += [f"## {title} {{#{ANCHORS[name]}}}", ""]
         if model.get("description") and name != "PipelineConfig":
             lines += [_cell(model["description"]), ""]
         lines += ["| key | type | default | description |", "|---|---|---|---|"]
         for key, prop in model.get("properties", {}).items():
-            default = "required" if key in required else (
-                f"`{json.dumps(prop['default'])}`" if "default" in prop else "")
+            if key in required:
+                default = "required"
+            elif "default" in prop:
+                default = f"`{json.dumps(prop['default'])}`"
+            elif "$ref" in prop:
+                default = "its keys' defaults"
+            else:
+                default = "empty"
             typ = _type(prop)
             cons = _constraints(prop)
             if cons:
