@@ -8,6 +8,7 @@ Unit tier: no JVM. A block preceded by ``<!-- not run -->`` is left out of the e
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -82,7 +83,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="the dev extra brings mkdocs-material and mkdocstrings")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     site = tmp_path / "site"
