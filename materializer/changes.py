@@ -158,7 +158,7 @@ _MISSING_TRIES = 16
 
 def with_deletes(docs: "DataFrame", binding: BindingConfig) -> "DataFrame":
     """``docs`` with ``_op`` set to a delete where ``delete_when`` is true; NULL (say, a field the
-    document lacks) is not a delete (README: 'Change semantics').
+    document lacks) is not a delete (docs: 'Change semantics').
 
     The epoch's schema is whatever its documents hold, so a field the condition names may be absent
     (no document of the epoch carries it), or absent inside a struct that is there: Spark would
@@ -556,7 +556,7 @@ def _merge_field_sequences(
     ]
     clauses = []
     if binding.soft_delete:
-        # README: a soft delete "keeps the row's values as the table held them"; they are no longer
+        # docs: a soft delete "keeps the row's values as the table held them"; they are no longer
         # live (__reset_at is the delete), so an upsert after it starts afresh.
         on_delete = [
             f"{q(SEQUENCE)} = {staged_seq}", f"{q(DELETED)} = true", f"{q(RESET)} = {staged_seq}",

@@ -25,7 +25,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class Model(BaseModel):
     """Frozen base: configuration never changes once loaded; unknown keys are errors."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 KAFKA_FIELDS = (
@@ -50,7 +50,7 @@ class SourceConfig(Model):
     schema_: str | None = Field(default=None, alias="schema")
     """documents (and kafka's documents and debezium payloads): the documents' fields as Spark DDL
     (``id BIGINT, name STRING, at TIMESTAMP``); for Debezium events without the schema envelope,
-    declared DECIMAL, DATE and BINARY fields are read as Debezium encodes them (README:
+    declared DECIMAL, DATE and BINARY fields are read as Debezium encodes them (docs:
     'Debezium's types').
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
@@ -210,7 +210,7 @@ class BindingConfig(Model):
     mode: Literal["standard", "delta_updates", "scd2"] = "standard"
     """``standard``: fully reduced rows, MERGE by key; ``delta_updates``: append per-epoch combines;
     ``scd2``: every version of a key kept, with ``__start_at`` / ``__end_at`` / ``__current``
-    (README: 'Change semantics')."""
+    (docs: 'Change semantics')."""
     reductions: dict[str, Strategy] = Field(default_factory=dict)
     """Per-field reduction strategy; fields not listed are lastWriteWins."""
     previous_names: list[str] = Field(default_factory=list)
@@ -242,10 +242,10 @@ class BindingConfig(Model):
     adopt_table: bool = False
     """Write to a table that holds commits of another pipeline, another binding, or another
     writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
-    written; on, the table is written on top of what it holds (README: 'Sharing or taking over a
+    written; on, the table is written on top of what it holds (docs: 'Sharing or taking over a
     table')."""
     partition_by: list[str] = Field(default_factory=list)
-    """Columns to partition the table by, applied when the materializer creates it (README:
+    """Columns to partition the table by, applied when the materializer creates it (docs:
     'Table layout'). Not with ``cluster_by``."""
     cluster_by: list[str] = Field(default_factory=list)
     """Columns to cluster the table by (Delta liquid clustering), applied at creation."""
@@ -367,7 +367,7 @@ class BindingConfig(Model):
         if (controlled or self.mode == "scd2" or self.placeholders_kept) and any(s != "lastWriteWins" for s in self.reductions.values()):
             raise ValueError(
                 "reductions other than lastWriteWins do not combine with sequence_by, column control, soft deletes, "
-                "mode scd2 or Debezium events yet: a change is the whole latest row there (README: 'Change semantics')"
+                "mode scd2 or Debezium events yet: a change is the whole latest row there (docs: 'Change semantics')"
             )
         if self.mode != "scd2" and (self.track_history is not None or self.track_history_except):
             raise ValueError("track_history and track_history_except are for mode scd2")

@@ -12,7 +12,7 @@ Databricks looks the entry point up in the wheel's metadata and calls it with th
 and its own S3 access, so no jars are fetched and no master is set. Tables may be catalog names
 (``catalog.schema.table``, created with ``saveAsTable`` on the first epoch) or paths; staging may be
 a volume folder (``/Volumes/…``, seen by Python through the volume's FUSE mount and by Spark as the
-same path) or ``s3://``; the recovery log is best on ``s3://`` (see README: "Running as a Databricks
+same path) or ``s3://``; the recovery log is best on ``s3://`` (see docs: "Running as a Databricks
 job").
 
 Outside Databricks (tests, a notebook, a laptop) the same function runs with whatever session is

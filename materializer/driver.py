@@ -259,7 +259,7 @@ class DeltaDriver(Driver):
                 f"binding {binding.name!r}: table {binding.table} cannot be written as configured: "
                 + "; ".join(problems)
                 + ". Change the table (ALTER TABLE … UNSET TBLPROPERTIES for the retention) or the binding, then run "
-                "again (README: 'Table layout'). Nothing was written."
+                "again (docs: 'Table layout'). Nothing was written."
             )
 
     def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
@@ -292,7 +292,7 @@ class DeltaDriver(Driver):
             + ". Writing it would re-apply rows that are already there (a new pipeline_id or a renamed binding "
             "reads its source again from the start) or mix two writers in one table. "
             + hint
-            + "To write to the table anyway, set `adopt_table: true` on the binding (README: 'Sharing or taking "
+            + "To write to the table anyway, set `adopt_table: true` on the binding (docs: 'Sharing or taking "
             "over a table'). Nothing was written."
         )
 
@@ -373,7 +373,7 @@ class DeltaDriver(Driver):
         if facts is not None:
             data = [f for f in schema.fields if f.name != OP or binding.mode == "delta_updates"]
             if facts.type_widening:
-                # Columns the table widens (README: 'Type widening') are no problem.
+                # Columns the table widens (docs: 'Type widening') are no problem.
                 _wider, widening = widened_schema(StructType(data), facts.schema)
                 data = [f for f in data if f.name not in widening]
             problems += _type_problems(data, facts.schema.fields, "")

@@ -5,7 +5,7 @@ The runtime and the driver emit one event per thing that happened (``Opened``, `
 events (``materializer.progress``: text lines, JSON lines, the per-epoch ``EpochProgress`` record,
 Prometheus) or act on them (the drill times its kills from them, the bench times its steps from the
 ``SpanStarted``/``Span`` pairs). Each class has a stable ``kind``, the ``event`` field of its JSON
-record, and its fields are the record's other fields (README: "Progress and metrics"): a tool reads
+record, and its fields are the record's other fields (docs: "Progress and metrics"): a tool reads
 ``{"event": "committed", "epoch": 3, …}``, never a sentence meant for people.
 
 Like dlt's ``common/runtime/collector.py``: a null collector by default, others plugged in by the

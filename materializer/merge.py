@@ -170,7 +170,7 @@ class DeltaWriter:
                 if is_already_exists(exc):
                     # The table appeared between our look and our CREATE: fine if it is another
                     # run of this pipeline (the loop finds the epoch applied, or merges into it);
-                    # another writer's table is not written blindly (README: 'Table layout').
+                    # another writer's table is not written blindly (docs: 'Table layout').
                     replace = self._check_created_by_us(binding, table, epoch)
                     continue
                 if isinstance(exc, (ApplyError, StagingError)) or not isinstance(exc, Exception):
@@ -356,7 +356,7 @@ class DeltaWriter:
 
     def append_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
         """Append the epoch's rejected documents to the binding's dead-letter table, under the
-        epoch's txn id: Delta skips a replay, so each lands once (README: 'Dead letters')."""
+        epoch's txn id: Delta skips a replay, so each lands once (docs: 'Dead letters')."""
         assert binding.dead_letters is not None
         table = TableRef(binding.dead_letters)
         app_id = self.config.pipeline_id
@@ -425,7 +425,7 @@ class DeltaWriter:
             f"epoch {epoch}, binding {binding.name}: table {binding.table} did not exist when the epoch's apply began "
             f"and was created meanwhile by another writer (it records no commit of pipeline {self.config.pipeline_id!r}). "
             "Nothing was written to it. If the table is meant for this binding, set `adopt_table: true` on the binding "
-            "and run again (README: 'Sharing or taking over a table'); otherwise give the binding another table."
+            "and run again (docs: 'Sharing or taking over a table'); otherwise give the binding another table."
         )
 
     def create(
@@ -505,7 +505,7 @@ def _refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseExce
         f"{_cause(exc)}. Nothing of epoch {epoch} was applied to {binding.table}; the epoch stays committed, so "
         "every run stops here until it is applied. Fix the table (for example drop or relax the constraint the "
         "rows break), then run again; or set the epoch's rows for this table aside, kept in a file, with "
-        f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (README: 'Stuck epochs')."
+        f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (docs: 'Stuck epochs')."
     )
 
 

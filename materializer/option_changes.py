@@ -6,7 +6,7 @@ Each epoch's driver checkpoint records the options that shape the binding's tabl
 those of the last committed epoch and, for what a log written before that record cannot tell,
 with the table's own columns (``__sequence``, ``__deleted``, ``__deleted_at``, scd2's
 ``__start_at``, delta-updates' ``_op``). :data:`RULES` says, per option and kind of change, what
-happens; the README's table ('Changing options on a table that exists') is the same table.
+happens; the docs' table ('Changing options on a table that exists') is the same table.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Rule:
     change: Change
     verdict: Literal["applies", "refused"]
     rule: str
-    """The rule, as the README states it (applies), or why it is refused and what to do instead."""
+    """The rule, as the docs state it (applies), or why it is refused and what to do instead."""
 
 
 _SEQUENCE_REFUSED = (
@@ -224,7 +224,7 @@ def check(
             f"binding {binding.name!r}: options changed on table {binding.table}, which exists, in ways that cannot "
             "apply to it: " + "; ".join(refused) + ". Put the options back (the pipeline runs on as before), or "
             "give the binding a new table (and `backfill` it) to start it over with the new options "
-            "(README: 'Changing options on a table that exists'). Nothing was read or committed."
+            "(docs: 'Changing options on a table that exists'). Nothing was read or committed."
         )
     if pending and applied:
         names = ", ".join(sorted({r.option for r in applied}))

@@ -312,7 +312,7 @@ class JsonLinesCollector(Collector):
     ``kinds``: the kinds written (default: the records tools have always read from
     ``materializer run --events jsonl``: opened, progress, orphans_deleted, finished); None writes
     every event, spans included (``--all-events``; what the drill reads). Field names are the
-    event classes' (README: "Progress and metrics"); ``at`` is the event's own time if it has one,
+    event classes' (docs: "Progress and metrics"); ``at`` is the event's own time if it has one,
     else when it was written.
     """
 

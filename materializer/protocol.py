@@ -71,7 +71,7 @@ class DriverCheckpoint(Model):
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per binding, the options its rows were staged with that shape its table
     (:func:`materializer.option_changes.table_options`): the next Open compares the configuration
-    with them (README: 'Changing options on a table that exists'). Empty in older entries."""
+    with them (docs: 'Changing options on a table that exists'). Empty in older entries."""
 
 
 # --- messages ----------------------------------------------------------------------------------

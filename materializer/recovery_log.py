@@ -76,7 +76,7 @@ def decode(data: bytes, where: str) -> LogEntry:
     advice = (
         "the entry was damaged after it was written (logs are only ever written whole). "
         "Restore it from a backup, or stop the pipeline and run `materializer recover --config F` "
-        "(README: 'Recovering from damage')."
+        "(docs: 'Recovering from damage')."
     )
     try:
         wrapper = json.loads(data)

@@ -296,6 +296,18 @@ def advanced(checkpoint: dict[str, Any], batches: dict[str, SourceBatch]) -> dic
 
 
 class Runtime:
+    """The transaction loop of one pipeline: Open, then per epoch read, stage, log-commit and apply
+    (the apply of epoch N in the background while N+1 is read), until the sources are drained.
+
+    Embedding it is what ``materializer run`` does::
+
+        config = load_config("conf/orders-to-delta.yaml")
+        summary = Runtime(config, spark).run()
+
+    Every failure it foresees is a :class:`materializer.errors.MaterializerError` whose
+    ``exit_code`` the command line exits with.
+    """
+
     def __init__(
         self,
         config: PipelineConfig,
@@ -323,6 +335,10 @@ class Runtime:
                 reductions.check_supported(binding)
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
+        """Open the pipeline, re-apply what the last run left, then run epochs until the sources are
+        drained (with ``follow``, keep polling every ``transaction.poll_interval_seconds`` instead).
+        Stops after ``max_epochs`` new epochs (0: Open and the re-apply only), or once
+        ``should_stop`` returns true, between transactions. Returns what was committed and applied."""
         started = time.monotonic()
         # Before the log is opened (so a wrong configuration fences no running writer).
         self.driver.validate()

@@ -1,7 +1,7 @@
 """What a history of changes makes of a table: the change semantics, as a model (DESIGN invariant 14).
 
 This module is the specification of a binding's change semantics. It is plain Python (no Spark),
-short on purpose, and written from the README's section "Change semantics", whose sentences are
+short on purpose, and written from the docs' section "Change semantics", whose sentences are
 quoted at the rules they give. ``tests/test_semantics_model.py`` runs drawn histories through the
 real pipeline and holds every table (read by Spark and by delta-rs) to :func:`materialize`; a rule
 that is not here is not a rule.
@@ -90,7 +90,7 @@ def _sql_literal(text: str) -> Any:
 
 
 def is_delete(options: Options, doc: Doc) -> bool:
-    """README: a document ``{"_meta": {"op": "d"}, …key…}`` deletes its key; "``delete_when``
+    """docs: a document ``{"_meta": {"op": "d"}, …key…}`` deletes its key; "``delete_when``
     makes a document a delete when the condition is true (NULL, say for a missing field, is not a
     delete)". The model reads the conditions ``field`` (a boolean) and ``field = literal``."""
     meta = doc.get("_meta")
@@ -113,7 +113,7 @@ def is_delete(options: Options, doc: Doc) -> bool:
 
 
 def _lands(options: Options, name: str) -> bool:
-    """README: "``columns`` / ``except_columns`` pick the top-level fields that land (key fields
+    """docs: "``columns`` / ``except_columns`` pick the top-level fields that land (key fields
     always do)"; "``_meta`` paths order but never land in the table"."""
     if name == "_meta":
         return False
@@ -125,7 +125,7 @@ def _lands(options: Options, name: str) -> bool:
 
 
 def _sequence(options: Options, doc: Doc) -> tuple[Any, ...]:
-    """README: "Numbers compare as numbers (…``DECIMAL(38,9)``…), strings as text"."""
+    """docs: "Numbers compare as numbers (…``DECIMAL(38,9)``…), strings as text"."""
     out = []
     for path in options.sequence_by:
         value = _path(doc, path)
@@ -162,7 +162,7 @@ class _State:
 
 
 def _fold(options: Options, changes: Iterable[Change]) -> _State | None:
-    """README: "Within a transaction the change with the highest sequence wins per key; equal
+    """docs: "Within a transaction the change with the highest sequence wins per key; equal
     sequences go by file order"; "Across transactions … a late file never overwrites newer data.
     Equal goes to the later transaction". So: the key's changes in (sequence, arrival) order,
     each applied to the row left by the ones before it. ``ignore_null_updates``: "a field that is
@@ -194,7 +194,7 @@ def _standard(options: Options, changes: list[Change], epochs: int) -> dict[tupl
             if not state.deleted:
                 row = dict(state.fields)
             elif options.soft_delete:
-                # README: "a delete sets `__deleted = true` … and keeps the row's values as the
+                # docs: "a delete sets `__deleted = true` … and keeps the row's values as the
                 # table held them"; "Without `sequence_by`, deleting a key the table does not hold
                 # marks nothing". A key the table never held is marked with its key alone.
                 if held is None and not sequenced:
@@ -202,7 +202,7 @@ def _standard(options: Options, changes: list[Change], epochs: int) -> dict[tupl
                     continue
                 row = {f: v for f, v in (held or {}).items() if not f.startswith("__") and f not in options.key}
             elif sequenced:
-                # README: "A delete does not remove the row: it becomes a tombstone, `__deleted =
+                # docs: "A delete does not remove the row: it becomes a tombstone, `__deleted =
                 # true` with its sequence, and its fields NULL … A delete of a key the table never
                 # held is kept as a tombstone too."
                 row = {}
@@ -236,7 +236,7 @@ class _Version:
 
 
 def _tracked(options: Options, fields: Row, names: set[str]) -> Row:
-    """README: "With `track_history: [f…]` (or `track_history_except`) a change that leaves the
+    """docs: "With `track_history: [f…]` (or `track_history_except`) a change that leaves the
     tracked fields as they were updates the version in place"."""
     chosen = set(names)
     if options.track_history is not None:
@@ -248,7 +248,7 @@ def _tracked(options: Options, fields: Row, names: set[str]) -> Row:
 def _scd2_epoch(
     options: Options, stored: list[_Version], changes: list[Change], epoch: int, names: set[str]
 ) -> list[_Version]:
-    """One epoch's versions of one key. README: "its source joins the transaction's changes with
+    """One epoch's versions of one key. docs: "its source joins the transaction's changes with
     the stored versions of the keys they touch …, orders them by start, and writes what changed";
     "Changes with equal start: the later file's wins"; "Late changes that fall inside a version made
     of several in-place changes are placed by the values the version holds, not by the changes it
@@ -286,7 +286,7 @@ def _scd2_epoch(
 
 
 def _start(options: Options, sequence: tuple[Any, ...]) -> Any:
-    """README: "`__start_at` (the change's sequence, the one field itself when `sequence_by` has
+    """docs: "`__start_at` (the change's sequence, the one field itself when `sequence_by` has
     one, otherwise the struct; without `sequence_by`, the transaction's epoch number)"."""
     return sequence[0] if len(sequence) == 1 else sequence
 

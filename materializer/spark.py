@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from materializer.config import PipelineConfig
 
 SCALA_VERSION = "2.13"
-# The Delta release paired with each supported Spark minor version (the pairs the README lists
+# The Delta release paired with each supported Spark minor version (the pairs the docs list
 # and tests/compat.sh tests). Delta 4.0's jar has no Spark version in its name; later ones do.
 DELTA_FOR_SPARK = {
     "4.0": ("io.delta:delta-spark_2.13", "4.0.1"),

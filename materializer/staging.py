@@ -172,14 +172,14 @@ class StagingArea:
                     f"{epoch}'s staged file {self.store.uri}/{staged.uri} is gone. Either the table was deleted "
                     f"or moved after epoch {epoch} was applied to it (restore it at {binding.table}, e.g. from a "
                     "backup, then run again), or the staged file was damaged (run `materializer recover --config F`, "
-                    "README: 'Recovering from damage'). Nothing was changed."
+                    "docs: 'Recovering from damage'). Nothing was changed."
                 )
             raise StagingError(
                 f"epoch {epoch}, binding {binding.name}: staged file {self.store.uri}/{staged.uri} is damaged or "
                 f"missing (expected {staged.files} files, {staged.bytes} bytes; found {found}) and the table "
                 f"does not record the epoch yet. Nothing of epoch {epoch} was applied to {binding.table}. "
                 "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
-                "from the source (README: 'Recovering from damage')."
+                "from the source (docs: 'Recovering from damage')."
             )
         return spark.read.parquet(store.spark_path(staged.uri))
 

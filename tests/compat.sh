@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The oldest supported Spark/Delta pair, tested in a venv of its own (README: Supported versions).
+# The oldest supported Spark/Delta pair, tested in a venv of its own (docs/deployment.md: Supported versions).
 #
 #   bash tests/compat.sh                      # pyspark 4.0.1 + delta-spark 4.0.1 (Databricks 17.3 LTS's Spark 4.0)
 #   COMPAT_PYSPARK=4.2.0 COMPAT_DELTA=4.4.0 bash tests/compat.sh   # any other pair the same way

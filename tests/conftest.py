@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # fixture may take the Connect session by getfixturevalue, out of sight of fixturenames).
         if any(item.get_closest_marker(m) for m in ("crash", "connect", "kafka")) and not item.get_closest_marker("subprocess"):
             item.add_marker("subprocess")
-        # Under pytest-xdist (`-n 2 --dist loadgroup`, optional: README 'Tests') each worker is a process
+        # Under pytest-xdist (`-n 2 --dist loadgroup`, optional: docs/tests.md) each worker is a process
         # with its own SparkSession and session fixtures: the tests of the Connect server, and those
         # of the broker, go to one worker each (one server, one broker); the others go by file (a
         # file's module fixtures are built once, its tests run in their order, as without xdist).

@@ -5,7 +5,7 @@ documented SCD type 1 semantics, written by hand as one Spark query.
 PySpark 4.2's open-source flow (``pyspark.pipelines.create_auto_cdc_flow``, run by the
 ``spark-pipelines`` CLI) cannot write to a Delta table here: with delta-spark 4.4 it stops with
 ``AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE`` (the target must be a DSv2 table with row-level
-operations, which Delta's catalog table is not). README: 'Change semantics' says what was tried.
+operations, which Delta's catalog table is not). docs/semantics.md says what was tried.
 
 AUTO CDC's SCD1 (Databricks docs, "The AUTO CDC APIs"): per key the change with the highest
 ``sequence_by`` wins, whenever it arrives; if it is a delete (``apply_as_deletes``) the key is

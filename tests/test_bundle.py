@@ -65,7 +65,7 @@ def test_a_classic_job_cluster_job_and_a_serverless_job_run_the_same_wheel_task(
     jobs = bundle()["resources"]["jobs"]
     classic, serverless = jobs["materializer_orders"], jobs["materializer_orders_serverless"]
     (cluster,) = classic["job_clusters"]
-    # A supported runtime (README: Supported versions): 17.3 LTS is Spark 4.0.
+    # A supported runtime (docs/deployment.md: Supported versions): 17.3 LTS is Spark 4.0.
     assert re.fullmatch(r"17\.3\.x-scala2\.13", cluster["new_cluster"]["spark_version"])
     (ctask,) = classic["tasks"]
     (stask,) = serverless["tasks"]

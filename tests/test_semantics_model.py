@@ -121,7 +121,7 @@ def _binding_options(extra: dict[str, Any]) -> Any:
 
 
 def test_the_issue_reproductions_in_the_model() -> None:
-    """The model gives what the README's sentences say for the two tables found wrong."""
+    """The model gives what the docs' sentences (docs/semantics.md) say for the two tables found wrong."""
     # ignore_null_updates + sequence_by: a value from before a stored delete does not come back.
     opts = semantics.Options(key=["id"], sequence_by=["ts"], ignore_null_updates=True)
     rows = semantics.materialize(opts, [
@@ -140,7 +140,7 @@ def test_the_issue_reproductions_in_the_model() -> None:
 
 
 def _order_free(extra: dict[str, Any]) -> bool:
-    """Where the README promises that arrival order and the cut do not matter: sequence_by, no
+    """Where the docs promise that arrival order and the cut do not matter: sequence_by, no
     soft delete (a soft-deleted row shows what the table held), no in-place scd2 runs."""
     return bool(extra.get("sequence_by")) and not extra.get("soft_delete") and not (
         extra.get("track_history") or extra.get("track_history_except")

@@ -56,7 +56,7 @@ TYPES: list[tuple[str, str]] = [
     ("io.debezium.data.geometry.Geometry, Geography, Point", "STRUCT<wkb: STRING (base64), srid: BIGINT> (x, y for Point), as sent"),
     ("bytes without a name", "STRING (base64, as sent)"),
 ]
-"""Every Debezium semantic type and what it lands as (README, 'Debezium's types')."""
+"""Every Debezium semantic type and what it lands as (docs, 'Debezium's types')."""
 
 _SEMANTIC = "struct<name:string,parameters:map<string,string>>"
 

@@ -222,7 +222,7 @@ VALIDATOR_CONF = "spark.materializer.documents.validator"
 ``variant`` (Spark expressions only, :mod:`materializer.sources.documents`)."""
 DEFAULT_VALIDATOR = "arrow"
 """With a declared schema, unless the conf says otherwise: measured cheaper than the VARIANT route
-(README, Performance) and held to the same tables and refusals by tests/test_documents_arrow.py."""
+(docs, Performance) and held to the same tables and refusals by tests/test_documents_arrow.py."""
 DRIVER_NEEDS = ("msgspec", "pyarrow", "pandas")
 """What ``mapInArrow`` and the validator need in the driver's Python (PySpark builds the function
 with pandas_udf, which asks for pandas and pyarrow)."""

@@ -440,7 +440,7 @@ class DocumentsSource(Source):
             )
         count, schema = reader.check(parsed)
         if reader.bad_files:
-            # on_invalid: dead_letter (README: 'Dead letters'): the valid documents go on.
+            # on_invalid: dead_letter (docs: 'Dead letters'): the valid documents go on.
             parsed, _bad = split(reader.checked(parsed))
         return SourceBatch(
             rejected=reader.rejected() if reader.bad_files else None,
@@ -963,7 +963,7 @@ def _typed(field: "Column", dtype: Any) -> "Column":
     CPU per 300k five-field documents, more than the parse). For a whole number, a DOUBLE or a
     BOOLEAN, the value's JSON text (``to_json``: the digits of a whole number, the exact decimal or
     the round-tripping double of any other number, ``true``/``false``) cast as a string is the same
-    value for less (parse and cast alone: 2.13 -> 1.69 s per 300k; README, Performance). Where that
+    value for less (parse and cast alone: 2.13 -> 1.69 s per 300k; docs, Performance). Where that
     text does not cast (a string, a fraction for an integer, a value out of range, an infinite
     double, which ``to_json`` quotes) the VARIANT cast runs as before, failing or converting
     exactly as it would have: ``coalesce`` evaluates it only then.

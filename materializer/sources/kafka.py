@@ -536,7 +536,7 @@ class KafkaSource(Source):
             count, schema = reader.check(parsed)
             rejected = None
             if reader.bad:
-                # on_invalid: dead_letter (README: 'Dead letters'): the valid records go on.
+                # on_invalid: dead_letter (docs: 'Dead letters'): the valid records go on.
                 checked = reader.checked(parsed)
                 parsed, rejected = split(checked)[0], reader.rejected_records(checked)
         except SourceError:

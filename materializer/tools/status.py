@@ -96,7 +96,7 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
             agrees, note = False, (
                 f"TABLE GONE: the pipeline applied rows to {table} (the log is at epoch {state.last_epoch}) but the "
                 "table does not exist: it was deleted or moved. Restore it at that location and run again "
-                "(README: 'A deleted table'); runs stop until then"
+                "(docs: 'A deleted table'); runs stop until then"
             )
         elif failure is not None and recorded == state.last_epoch - 1:
             # The recorded message says what Delta refused and both ways out.
