@@ -15,11 +15,19 @@ cannot slip into the wrong tier. Tiers: ``pytest -m "not spark and not subproces
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests import helpers
+
+# CI draws the same examples every run (a verdict is reproducible, a red CI names a real failure);
+# a developer's run draws new ones each time, and a failure prints its blob to reproduce it.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # fixture -> markers it implies
 FIXTURE_TIERS: dict[str, tuple[str, ...]] = {

@@ -300,7 +300,9 @@ def test_killed_examples_equal_the_model(data: Any, tmp_path: Path) -> None:
     histories = [data.draw(history(k)) for k in range(40)]
     epochs = data.draw(cut(histories, 3))
     assume(len(epochs) == 3)
-    point = data.draw(st.sampled_from(["after-log-commit", "mid-apply", "after-apply", "after-ack-before-gc"]), label="point")
+    # `after-apply` fires between two bindings' applies (or before a binding's dead letters): with
+    # one binding and no dead letters it never fires, and `after-ack-before-gc` is its place here.
+    point = data.draw(st.sampled_from(["after-log-commit", "mid-apply", "after-ack-before-gc"]), label="point")
     root = tmp_path / uuid.uuid4().hex[:8]
     src, table = root / "src", root / "t"
     src.mkdir(parents=True)
