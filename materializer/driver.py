@@ -61,7 +61,7 @@ from materializer.protocol import (
     Store,
     dataframe,
 )
-from materializer.sources import OP
+from materializer.columns import OP
 from materializer.storage import Store as FileStore
 
 if TYPE_CHECKING:

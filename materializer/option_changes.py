@@ -177,7 +177,7 @@ def check(
     ConfigError naming the binding and every refused change."""
     from materializer.changes import DELETED, DELETED_AT, SEQUENCE, START_AT, sequence_name, tombstones
     from materializer.layout import DELETION_VECTORS
-    from materializer.sources import OP
+    from materializer.columns import OP
 
     refused: list[str] = []
     applied: list[Rule] = []

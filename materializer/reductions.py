@@ -51,7 +51,7 @@ from materializer import sqltypes
 from materializer.config import BindingConfig
 from materializer.delta import quote
 from materializer.errors import ConfigError, SourceError
-from materializer.sources import OP, RESERVED, SEQ
+from materializer.columns import OP, RESERVED, SEQ
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -48,7 +48,7 @@ from materializer.errors import ConfigError, RecoveryLogError, StagingError, Tab
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
-from materializer.sources import open_source
+from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
 
