@@ -238,7 +238,8 @@ def _placeholder(how: str, doc: "DataType", table: "DataType | None") -> bool:
 
 
 def _table_schema(documents: "DataFrame", binding: BindingConfig) -> "StructType | None":
-    from materializer.delta import TableRef, exists, read_table
+    from materializer.delta import exists, read_table
+    from materializer.tables import TableRef
 
     spark = documents.sparkSession
     table = TableRef(binding.table)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import PipelineConfig
-from materializer.delta import TableRef, table_state
+from materializer.delta import table_state
+from materializer.tables import TableRef
 from materializer.driver import DeltaDriver
 from materializer.runtime import EpochStager, advanced
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
