@@ -42,7 +42,7 @@ from materializer import sqltypes
 from materializer.config import BindingConfig
 from materializer.delta import quote
 from materializer.errors import SourceError
-from materializer.sources import OP, SEQ
+from materializer.columns import OP, SEQ
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from materializer.errors import ConfigError
+from materializer.storage import check_uri
+from materializer.tables import DELETION_VECTORS, config_identity, retention_problem
 
 DEFAULT_CONFIG = Path("conf/orders-to-delta.yaml")
 
@@ -282,8 +284,6 @@ class BindingConfig(Model):
 
     @model_validator(mode="after")
     def _layout(self) -> "BindingConfig":
-        from materializer.layout import DELETION_VECTORS, retention_problem
-
         if self.partition_by and self.cluster_by:
             raise ValueError("partition_by and cluster_by cannot both be given: Delta clusters or partitions a table, not both")
         for option, columns in (("partition_by", self.partition_by), ("cluster_by", self.cluster_by)):
@@ -462,8 +462,6 @@ class PipelineConfig(Model):
     @model_validator(mode="after")
     def _stores_supported(self) -> "PipelineConfig":
         # Files the materializer itself reads or writes (not tables: Spark reaches those).
-        from materializer.storage import check_uri
-
         try:
             check_uri(self.recovery_log, "recovery_log")
             check_uri(self.staging, "staging")
@@ -476,8 +474,6 @@ class PipelineConfig(Model):
 
     @model_validator(mode="after")
     def _bindings_distinct(self) -> "PipelineConfig":
-        from materializer.delta import config_identity
-
         names = [b.name for b in self.bindings]
         for old in (n for b in self.bindings for n in b.previous_names):
             names.append(old)

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from materializer.tables import TableRef, normalise_location
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -19,56 +21,9 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-@dataclass(frozen=True)
-class TableRef:
-    spec: str
-    """As written in the configuration."""
-
-    @property
-    def is_path(self) -> bool:
-        return "/" in self.spec or ":" in self.spec or self.spec.startswith(".")
-
-    @property
-    def location(self) -> str:
-        """Absolute path or URI for path tables; the name for catalog tables."""
-        if not self.is_path or "://" in self.spec or self.spec.startswith(("dbfs:", "file:", "/")):
-            return self.spec
-        return os.path.abspath(self.spec)
-
-    def __str__(self) -> str:
-        return self.location
-
-
 def quote(name: str) -> str:
     """``name`` as a SQL identifier: in backticks, a backtick inside doubled (```a``b```)."""
     return "`" + name.replace("`", "``") + "`"
-
-
-def normalise_location(location: str) -> str:
-    """One spelling per place: ``s3a://``/``s3n://`` as ``s3://``, no ``file:``, no trailing or
-    doubled slash, ``./`` and ``..`` resolved, local paths absolute with symlinks followed."""
-    loc = location.strip()
-    for alias in ("s3a://", "s3n://"):
-        if loc.startswith(alias):
-            loc = "s3://" + loc[len(alias) :]
-    if loc.startswith("file:"):
-        loc = loc[len("file:") :]
-        if loc.startswith("//"):
-            loc = loc[2:]
-    if "://" in loc:
-        scheme, _, rest = loc.partition("://")
-        bucket, _, key = rest.partition("/")
-        parts = [p for p in key.split("/") if p not in ("", ".")]
-        return f"{scheme.lower()}://{bucket}/" + "/".join(parts)
-    if loc.startswith("dbfs:"):
-        return "dbfs:" + os.path.normpath(loc[len("dbfs:") :] or "/")
-    return os.path.realpath(os.path.abspath(loc))
-
-
-def config_identity(spec: str) -> str:
-    """What can be told from the configuration alone: a path's normalised location, or the name."""
-    table = TableRef(spec)
-    return normalise_location(table.location) if table.is_path else spec.strip().lower()
 
 
 def table_identity(spark: "SparkSession", table: TableRef) -> str:

@@ -37,7 +37,8 @@ from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import TableRef, detail, exists, quote, read_table, schema_and_properties, table_identity, table_state, table_writers
 from materializer.dead_letters import for_epoch
 from materializer.errors import ConfigError, SourceError, TableStateError
-from materializer.layout import RETENTION_DEFAULT_CONF, RETENTION_WHY, existing_layout_problems, layout_problems
+from materializer.layout import existing_layout_problems, layout_problems
+from materializer.tables import RETENTION_DEFAULT_CONF, RETENTION_WHY
 from materializer.widening import widened_schema, widening_enabled
 from materializer import option_changes
 from materializer.option_changes import table_options
@@ -61,7 +62,7 @@ from materializer.protocol import (
     Store,
     dataframe,
 )
-from materializer.sources import OP
+from materializer.columns import OP
 from materializer.storage import Store as FileStore
 
 if TYPE_CHECKING:

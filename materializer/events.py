@@ -2,8 +2,8 @@
 
 The runtime and the driver emit one event per thing that happened (``Opened``, ``Read``,
 ``Committed``, ``Applied``…) to a :class:`Collector`; they never print or log. Consumers format the
-events (``materializer.progress``: text lines, JSON lines, the per-epoch ``EpochProgress`` record,
-Prometheus) or act on them (the drill times its kills from them, the bench times its steps from the
+events (``materializer.progress``: text lines, JSON lines, the per-epoch :class:`EpochProgress` record
+(defined here, with the ``Progress`` event that carries it), Prometheus) or act on them (the drill times its kills from them, the bench times its steps from the
 ``SpanStarted``/``Span`` pairs). Each class has a stable ``kind``, the ``event`` field of its JSON
 record, and its fields are the record's other fields (docs: "Progress and metrics"): a tool reads
 ``{"event": "committed", "epoch": 3, …}``, never a sentence meant for people.
@@ -18,10 +18,7 @@ import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping
-
-if TYPE_CHECKING:
-    from materializer.progress import EpochProgress
+from typing import Any, ClassVar, Iterator, Mapping
 
 
 @dataclass(frozen=True)
@@ -150,12 +147,93 @@ class Acknowledged(Event):
     at: str
 
 
+# --- the per-epoch record (materializer.progress.ProgressTracker folds the events into it) ---
+
+
+@dataclass(frozen=True)
+class BindingProgress:
+    """One binding's share of an epoch."""
+
+    binding: str
+    table: str | None = None
+    documents: int = 0
+    """Documents (or CDC updates) read from the source."""
+    bytes_read: int | None = None
+    """Source bytes the batch covers (None: the source does not say)."""
+    rows_staged: int = 0
+    """Rows written to the staged Parquet file (after combining per key)."""
+    bytes_staged: int = 0
+    status: str | None = None
+    """applied, skipped (Delta already recorded the epoch), empty, or None (not applied yet)."""
+    inserted: int | None = None
+    """The MERGE's (or append's) own metrics; None when it was skipped or did not report them."""
+    updated: int | None = None
+    deleted: int | None = None
+    delta_version: int | None = None
+    apply_seconds: float | None = None
+    lag_files: int | None = None
+    """Source files not read yet after this epoch (None: the source does not say)."""
+    lag_bytes: int | None = None
+    dead_letters: int = 0
+    """Documents set aside in the dead-letter table (``on_invalid: dead_letter``)."""
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """What one epoch did, from its read to its apply: the record every consumer formats."""
+
+    pipeline_id: str
+    epoch: int
+    started_at: str | None
+    """When the epoch's read began (UTC); None for the re-apply after Open."""
+    committed_at: str | None
+    """When its entry was committed to the recovery log."""
+    applied_at: str
+    """When its apply (Acknowledge) ended."""
+    reapplied: bool
+    """True for the first Acknowledge after Open (the last run's epoch, applied or found applied)."""
+    documents: int
+    bytes_read: int | None
+    rows_staged: int
+    bytes_staged: int
+    inserted: int
+    updated: int
+    deleted: int
+    applied: int
+    """Bindings whose commit Delta made."""
+    skipped: int
+    """Bindings Delta (or our check) found already applied."""
+    phase_seconds: Mapping[str, float]
+    """read, stage, log_commit, apply (missing: the phase did not run in this process)."""
+    lag_files: int | None
+    lag_bytes: int | None
+    bindings: tuple[BindingProgress, ...] = field(default_factory=tuple)
+    dead_letters: int = 0
+    """Documents of the epoch set aside in dead-letter tables."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["phase_seconds"] = dict(self.phase_seconds)
+        return data
+
+    def summary(self) -> str:
+        """One line for humans and logs."""
+        phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
+        lag = f" lag={self.lag_files} files/{self.lag_bytes} B" if self.lag_files is not None else ""
+        return (
+            f"epoch {self.epoch}: {self.documents} documents, {self.rows_staged} rows staged, "
+            f"+{self.inserted} ~{self.updated} -{self.deleted}, {self.applied} applied {self.skipped} skipped; "
+            f"{phases}{lag}"
+        )
+
+
+
 @dataclass(frozen=True)
 class Progress(Event):
-    """One epoch's :class:`~materializer.progress.EpochProgress`, folded by the ProgressTracker."""
+    """One epoch's :class:`EpochProgress`, folded by :class:`materializer.progress.ProgressTracker`."""
 
     kind: ClassVar[str] = "progress"
-    record: "EpochProgress"
+    record: EpochProgress
 
     @property
     def epoch(self) -> int:
@@ -241,8 +319,6 @@ def from_record(record: Mapping[str, Any]) -> Event | None:
     if cls is None:
         return None
     if cls is Progress:
-        from materializer.progress import BindingProgress, EpochProgress
-
         names = {f.name for f in dataclasses.fields(EpochProgress)}
         data = {k: v for k, v in record.items() if k in names}
         data["bindings"] = tuple(BindingProgress(**b) for b in data.get("bindings", ()))

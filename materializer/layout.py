@@ -16,21 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from materializer.delta import error_condition, quote
+from materializer.tables import DELETION_VECTORS, retention_problem
 
 if TYPE_CHECKING:
     from materializer.config import BindingConfig
-
-RETENTION = "delta.settransactionretentionduration"
-"""Delta forgets a txn id older than this: a replay of its epoch would then apply twice."""
-DELETION_VECTORS = "delta.enableDeletionVectors"
-TYPE_WIDENING = "delta.enableTypeWidening"
-RETENTION_DEFAULT_CONF = "spark.databricks.delta.properties.defaults.setTransactionRetentionDuration"
-
-RETENTION_WHY = (
-    "delta.setTransactionRetentionDuration makes Delta forget a writer's transaction ids after that "
-    "time, and the materializer's exactly-once rests on them: a committed epoch re-applied after a "
-    "crash (or a recovery) would no longer be recognised as applied and its rows would be written twice"
-)
 
 ALREADY_EXISTS = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_TABLE_ALREADY_EXISTS", "DELTA_PATH_EXISTS")
 """Error classes of a CREATE TABLE that found the table there: someone created it meanwhile."""
@@ -41,14 +30,6 @@ def table_properties(binding: "BindingConfig") -> dict[str, str]:
     properties = {DELETION_VECTORS: "true" if binding.deletion_vectors else "false"}
     properties.update(binding.properties)
     return properties
-
-
-def retention_problem(properties: dict[str, Any]) -> str | None:
-    """Why a table (or a binding's properties) cannot be written exactly once; None if it can."""
-    for key, value in properties.items():
-        if key.lower() == RETENTION and value not in (None, ""):
-            return f"{key} = {value}: {RETENTION_WHY}"
-    return None
 
 
 def create_table_sql(

@@ -31,7 +31,7 @@ from materializer.errors import ApplyError, ConfigError, StagingError, TableStat
 from materializer.layout import create_table_sql, is_already_exists
 from materializer.progress import Collector
 from materializer.protocol import ApplyResult, StagedFile
-from materializer.sources import OP
+from materializer.columns import OP
 from materializer.staging import StagingArea
 from materializer.widening import widened_schema, widening_enabled
 

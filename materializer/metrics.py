@@ -1,6 +1,6 @@
 """Prometheus metrics from the per-epoch progress records (``prometheus_client``).
 
-:class:`PrometheusCollector` turns each :class:`~materializer.progress.EpochProgress` into counters
+:class:`PrometheusCollector` turns each :class:`~materializer.events.EpochProgress` into counters
 and gauges in a registry of its own (so two pipelines in one process never share series), which
 is then exposed one of three ways:
 

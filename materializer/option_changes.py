@@ -176,8 +176,8 @@ def check(
     """The rules of the binding's changed options on its existing table (schema: a StructType), or a
     ConfigError naming the binding and every refused change."""
     from materializer.changes import DELETED, DELETED_AT, SEQUENCE, START_AT, sequence_name, tombstones
-    from materializer.layout import DELETION_VECTORS
-    from materializer.sources import OP
+    from materializer.tables import DELETION_VECTORS
+    from materializer.columns import OP
 
     refused: list[str] = []
     applied: list[Rule] = []

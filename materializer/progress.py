@@ -11,16 +11,14 @@ read), Prometheus metrics (``materializer.metrics``); none of them parses text.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, TypeVar
 
 from materializer import events
-from materializer.events import Collector, Event, NullCollector
+from materializer.events import BindingProgress, Collector, EpochProgress, Event, NullCollector
 
 __all__ = [
     "BindingProgress", "Collector", "EpochProgress", "Event", "JsonLinesCollector", "ListCollector",
@@ -116,83 +114,6 @@ class Tee(Collector):
 def utc_now() -> str:
     """An ISO-8601 UTC timestamp with milliseconds, as Structured Streaming's progress uses."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True)
-class BindingProgress:
-    """One binding's share of an epoch."""
-
-    binding: str
-    table: str | None = None
-    documents: int = 0
-    """Documents (or CDC updates) read from the source."""
-    bytes_read: int | None = None
-    """Source bytes the batch covers (None: the source does not say)."""
-    rows_staged: int = 0
-    """Rows written to the staged Parquet file (after combining per key)."""
-    bytes_staged: int = 0
-    status: str | None = None
-    """applied, skipped (Delta already recorded the epoch), empty, or None (not applied yet)."""
-    inserted: int | None = None
-    """The MERGE's (or append's) own metrics; None when it was skipped or did not report them."""
-    updated: int | None = None
-    deleted: int | None = None
-    delta_version: int | None = None
-    apply_seconds: float | None = None
-    lag_files: int | None = None
-    """Source files not read yet after this epoch (None: the source does not say)."""
-    lag_bytes: int | None = None
-    dead_letters: int = 0
-    """Documents set aside in the dead-letter table (``on_invalid: dead_letter``)."""
-
-
-@dataclass(frozen=True)
-class EpochProgress:
-    """What one epoch did, from its read to its apply: the record every consumer formats."""
-
-    pipeline_id: str
-    epoch: int
-    started_at: str | None
-    """When the epoch's read began (UTC); None for the re-apply after Open."""
-    committed_at: str | None
-    """When its entry was committed to the recovery log."""
-    applied_at: str
-    """When its apply (Acknowledge) ended."""
-    reapplied: bool
-    """True for the first Acknowledge after Open (the last run's epoch, applied or found applied)."""
-    documents: int
-    bytes_read: int | None
-    rows_staged: int
-    bytes_staged: int
-    inserted: int
-    updated: int
-    deleted: int
-    applied: int
-    """Bindings whose commit Delta made."""
-    skipped: int
-    """Bindings Delta (or our check) found already applied."""
-    phase_seconds: Mapping[str, float]
-    """read, stage, log_commit, apply (missing: the phase did not run in this process)."""
-    lag_files: int | None
-    lag_bytes: int | None
-    bindings: tuple[BindingProgress, ...] = field(default_factory=tuple)
-    dead_letters: int = 0
-    """Documents of the epoch set aside in dead-letter tables."""
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["phase_seconds"] = dict(self.phase_seconds)
-        return data
-
-    def summary(self) -> str:
-        """One line for humans and logs."""
-        phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
-        lag = f" lag={self.lag_files} files/{self.lag_bytes} B" if self.lag_files is not None else ""
-        return (
-            f"epoch {self.epoch}: {self.documents} documents, {self.rows_staged} rows staged, "
-            f"+{self.inserted} ~{self.updated} -{self.deleted}, {self.applied} applied {self.skipped} skipped; "
-            f"{phases}{lag}"
-        )
 
 
 class ProgressTracker(Collector):

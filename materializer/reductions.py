@@ -51,7 +51,7 @@ from materializer import sqltypes
 from materializer.config import BindingConfig
 from materializer.delta import quote
 from materializer.errors import ConfigError, SourceError
-from materializer.sources import OP, RESERVED, SEQ
+from materializer.columns import OP, RESERVED, SEQ
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -238,7 +238,8 @@ def _placeholder(how: str, doc: "DataType", table: "DataType | None") -> bool:
 
 
 def _table_schema(documents: "DataFrame", binding: BindingConfig) -> "StructType | None":
-    from materializer.delta import TableRef, exists, read_table
+    from materializer.delta import exists, read_table
+    from materializer.tables import TableRef
 
     spark = documents.sparkSession
     table = TableRef(binding.table)

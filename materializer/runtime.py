@@ -53,7 +53,8 @@ from materializer.protocol import (
     Store,
 )
 from materializer.recovery_log import LogEntry, RecoveryLog
-from materializer.sources import Source, SourceBatch, open_source
+from materializer.sources import Source, SourceBatch
+from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
 

@@ -142,6 +142,20 @@ logger.checkpoint.level = error
 # Deprecation notices about SQL our code generates (a user cannot act on them; `-v` shows them).
 logger.functions.name = org.apache.spark.sql.catalyst.analysis.FunctionResolution
 logger.functions.level = error
+# A batch read of a glob path (delta.py reads a table's `_delta_log/*.json` at every Open) makes Spark
+# look for a streaming sink's metadata folder under the glob, which is no folder: a WARN with a Java
+# stack trace (~90 lines) per read, about nothing wrong. (The log folder cannot be read as a folder
+# with a name filter instead: Spark skips paths whose names start with "_", `_delta_log` too.)
+logger.sinkmeta.name = org.apache.spark.sql.execution.streaming.sinks.FileStreamSink
+logger.sinkmeta.level = error
+logger.sinkmeta40.name = org.apache.spark.sql.execution.streaming.FileStreamSink
+logger.sinkmeta40.level = error
+# The bench's Structured Streaming peer: Spark turns adaptive execution off for a stream and says so.
+# (Spark 4.2 moved both classes into sinks/ and runtime/; the second name of each is Spark 4.0's.)
+logger.stream.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream
+logger.stream.level = error
+logger.stream40.name = org.apache.spark.sql.execution.streaming.ResolveWriteToStream
+logger.stream40.level = error
 """
 
 # Lines printed straight to stderr (not through log4j): the JVM's notice for the module Spark adds

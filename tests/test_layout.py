@@ -129,7 +129,7 @@ def test_a_table_with_a_txn_retention_or_another_layout_is_refused_before_anythi
 
 @pytest.mark.spark
 def test_a_session_default_txn_retention_is_refused(spark: Any, tmp_path: Path) -> None:
-    from materializer.layout import RETENTION_DEFAULT_CONF
+    from materializer.tables import RETENTION_DEFAULT_CONF
 
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1}])
     config = config_with(tmp_path, [binding("orders", tmp_path / "src", tmp_path / "t")])

@@ -6,7 +6,12 @@ document's fields plus two columns the runtime relies on: ``_op`` ('u' upsert, '
 document of the batch: a long for cdcv2, ``struct(file, block, row)`` for documents,
 ``struct(topic, partition, offset)`` for kafka; reductions
 compare it as it is and never cast it. The checkpoint after the batch is returned with it
-and committed with the epoch, never before.
+and committed with the epoch, never before. The two column names are
+:data:`materializer.columns.OP` and :data:`materializer.columns.SEQ`.
+
+This module is the interface every source implements and imports; which class reads a binding's
+format is :func:`materializer.sources.formats.open_source`, kept apart so that no source reaches
+another through this module.
 """
 
 from __future__ import annotations
@@ -20,10 +25,6 @@ from materializer.storage import Store
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-OP = "_op"
-SEQ = "_seq"
-RESERVED = (OP, SEQ)
 
 
 @dataclass
@@ -76,22 +77,3 @@ class Source(ABC):
         that epoch's extent even if more input has arrived since; sources whose batches are fixed
         by ``checkpoint`` alone may ignore it."""
 
-
-def open_source(binding: BindingConfig, spool: Store) -> Source:
-    if binding.source.format == "documents":
-        from materializer.sources.documents import DocumentsSource
-
-        return DocumentsSource(binding, spool)
-    if binding.source.format == "cdcv2":
-        from materializer.sources.cdcv2 import CdcV2Source
-
-        return CdcV2Source(binding, spool)
-    if binding.source.format == "kafka" and binding.source.payload == "cdcv2":
-        from materializer.sources.kafka_cdcv2 import KafkaCdcV2Source
-
-        return KafkaCdcV2Source(binding, spool)
-    if binding.source.format == "kafka":
-        from materializer.sources.kafka import KafkaSource
-
-        return KafkaSource(binding, spool)
-    raise ValueError(binding.source.format)

@@ -42,7 +42,8 @@ from urllib.parse import unquote
 
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
-from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
+from materializer.columns import OP, RESERVED, SEQ
+from materializer.sources import Source, SourceBatch
 from materializer.sources.json_text import parse_one
 from materializer.storage import Store, open_store
 

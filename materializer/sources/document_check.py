@@ -267,7 +267,7 @@ def deferred(reader: Any, parsed: Any) -> tuple[Any, Callable[[], int]]:
     from pyspark.sql import types as T
 
     from materializer.errors import SourceError
-    from materializer.sources.documents import parse_shape
+    from materializer.sources.variant_shape import parse_shape
     from materializer.sources.json_text import parse_one
 
     declared = reader.declared

@@ -35,7 +35,6 @@ file concerned numbered line by line (in Spark), and the offending line looked a
 from __future__ import annotations
 
 import json
-import re
 from urllib.parse import unquote
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -43,8 +42,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from materializer import sqltypes
 from materializer.errors import ConfigError, SourceError
 from materializer.dead_letters import rejected_rows, split
-from materializer.sources import OP, RESERVED, SEQ, Source, SourceBatch
+from materializer.columns import OP, RESERVED, SEQ
+from materializer.sources import Source, SourceBatch
 from materializer.sources.json_text import parse_one
+from materializer.sources.variant_shape import Shape, parse_shape
 from materializer.storage import FileInfo, Store, open_store
 
 if TYPE_CHECKING:
@@ -171,62 +172,7 @@ def plan_epoch(
     return plan
 
 
-# --- schemas as schema_of_variant writes them (plain Python) --------------------------------------
-
-Shape = Any
-"""A parsed ``schema_of_variant`` type: ("object", [(name, shape), …]), ("array", shape),
-("decimal", precision, scale), or a scalar's name ("BIGINT", "STRING", "VOID", "VARIANT", …)."""
-
-_TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z_][A-Za-z0-9_$]*)|(\d+)|(.))")
-
-
-def parse_shape(text: str) -> Shape:
-    """Parse ``OBJECT<a: BIGINT, `b c`: ARRAY<STRING>>`` (what schema_of_variant returns)."""
-    tokens = [m for m in _TOKEN.finditer(text) if m.group(0).strip()]
-    pos = 0
-
-    def take() -> str:
-        nonlocal pos
-        token = tokens[pos]
-        pos += 1
-        quoted, word, number, other = token.groups()
-        if quoted is not None:
-            return "q:" + quoted[1:-1].replace("``", "`")
-        return word or number or other  # type: ignore[return-value]
-
-    def peek() -> str:
-        return tokens[pos].group(0).strip() if pos < len(tokens) else ""
-
-    def shape() -> Shape:
-        word = take().upper()
-        if word == "OBJECT":
-            take()  # <
-            fields = []
-            while peek() != ">":
-                name = take()
-                name = name[2:] if name.startswith("q:") else name
-                take()  # :
-                fields.append((name, shape()))
-                if peek() == ",":
-                    take()
-            take()  # >
-            return ("object", fields)
-        if word == "ARRAY":
-            take()
-            inner = shape()
-            take()
-            return ("array", inner)
-        if word == "DECIMAL" and peek() == "(":
-            take()
-            precision = int(take())
-            take()
-            scale = int(take())
-            take()
-            return ("decimal", precision, scale)
-        return word
-
-    return shape()
-
+# --- schemas as schema_of_variant writes them (plain Python; parse_shape: variant_shape.py) -------
 
 _NUMBERS = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
 

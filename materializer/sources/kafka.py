@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.dead_letters import split
 from materializer.errors import ConfigError, SourceError
-from materializer.sources import OP, SEQ, Source, SourceBatch
+from materializer.columns import OP, SEQ
+from materializer.sources import Source, SourceBatch
 from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
 from materializer.sources import debezium_types as dbz
 from materializer.sources.json_text import parse_one

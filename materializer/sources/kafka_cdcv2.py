@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
-from materializer.sources import SEQ, SourceBatch
+from materializer.columns import SEQ
+from materializer.sources import SourceBatch
 from materializer.sources.cdcv2 import START, CdcV2Source, Origin, _Scan
 from materializer.sources.json_text import parse_one
 from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, null_envelope, positions_of

@@ -568,7 +568,8 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
 
     ``reader``: how the tables' rows are read, ``spark`` (Delta's own reader) or ``deltalake``
     (delta-rs, no JVM: a reader independent of the one that wrote them; path tables only)."""
-    from materializer.delta import TableRef, history, table_state
+    from materializer.delta import history, table_state
+    from materializer.tables import TableRef
     from materializer.recovery_log import RecoveryLog
     from materializer.storage import open_store
 

@@ -17,7 +17,8 @@ the source files itself and applies the documented semantics directly:
 * ``kafka`` source, ``standard`` mode: the topic's records read with confluent-kafka's consumer
   (materializer/tools/oracle_kafka.py), then as above per payload.
 
-Oracles are registered per (source format, mode) with :func:`register`. A binding with no
+Oracles are registered per (source format, mode) with :func:`materializer.tools.oracle_rows.register`;
+canonical rows and the per-key fold are there too (materializer/tools/oracle_rows.py). A binding with no
 registered oracle (``cdcv2`` in delta-updates mode, so far) gets an :class:`Expected` with ``verified=False`` and
 a reason: the drill then says "not verified" for that table rather than "pass".
 """
@@ -25,42 +26,33 @@ a reason: the drill then says "not verified" for that table rather than "pass".
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterator
 
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.errors import SourceError
 from materializer.storage import open_store
+from materializer.tools import oracle_kafka  # registers the kafka oracle; confluent-kafka is imported when a topic is read
+from materializer.tools.oracle_rows import (
+    ORACLES,
+    Expected,
+    Key,
+    Row,
+    canonical,
+    cdcv2_state,
+    fields_of,
+    fold,
+    is_delete,
+    key_of,
+    normalize,
+    register,
+)
+
+__all__ = ["Comparison", "Expected", "canonical", "compare", "expected", "expected_all", "file_epochs", "normalize", "oracle_kafka"]
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
 OP = "_op"
-
-Key = tuple[Any, ...]
-Row = dict[str, Any]
-
-
-@dataclass
-class Expected:
-    """What one binding's table must hold."""
-
-    binding: str
-    verified: bool
-    """False: no oracle models this binding; ``reason`` says why, rows are empty."""
-    reason: str = ""
-    unique_keys: bool = True
-    """Standard mode: one row per key. Delta-updates mode: any number of rows per key."""
-    rows: dict[Key, Counter[str]] = field(default_factory=dict)
-    """Per key, the canonical JSON of each expected row with its multiplicity."""
-    epochs: int | None = None
-    """How many epochs carry input for this binding (the epoch its table must record last)."""
-    documents: int = 0
-    """Source documents read."""
-    ignored: tuple[str, ...] = ()
-    """Table columns the oracle cannot know (``__deleted_at``: the time of an apply), left out of
-    the comparison."""
 
 
 @dataclass
@@ -84,36 +76,6 @@ class Comparison:
     @property
     def ok(self) -> bool:
         return self.verified and not (self.lost or self.duplicated or self.wrong)
-
-
-# --- canonical rows --------------------------------------------------------------------------
-
-
-def normalize(value: Any) -> Any:
-    """A value as the table gives it back: NULL fields dropped, integral floats as ints.
-
-    Spark infers one type per field (7 and 7.5 become doubles), and a struct column carries every
-    field any document had, absent ones as NULL: both must compare equal to the source document.
-    """
-    if isinstance(value, dict):
-        out = {k: normalize(v) for k, v in value.items() if v is not None}
-        # An object with no values left is as absent as NULL (JSON inference may drop `{}`).
-        return {k: v for k, v in out.items() if v != {}}
-    if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
-    if isinstance(value, Decimal):  # integers beyond a long come back as decimals
-        value = int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
-def canonical(row: Row) -> str:
-    return json.dumps(normalize(row), sort_keys=True, separators=(",", ":"), default=str)
-
-
-def key_of(row: Row, key: list[str]) -> Key:
-    return tuple(normalize(row.get(k)) for k in key)
 
 
 # --- reading the sources, independently of materializer.sources -------------------------------
@@ -162,71 +124,7 @@ def documents(path: str) -> Iterator[tuple[str, int, Row]]:
                 yield name, number, doc
 
 
-def _is_delete(doc: Row) -> bool:
-    meta = doc.get("_meta")
-    return isinstance(meta, dict) and meta.get("op") == "d"
-
-
-def _fields(doc: Row) -> Row:
-    return {k: v for k, v in doc.items() if k != "_meta"}
-
-
 # --- the oracles -------------------------------------------------------------------------------
-
-OracleFn = Callable[[BindingConfig, int], Expected]
-_ORACLES: dict[tuple[str, str], OracleFn] = {}
-
-
-def register(source_format: str, mode: str) -> Callable[[OracleFn], OracleFn]:
-    """Register the oracle of a (source format, mode); other modules (cdcv2, reductions) may add theirs."""
-
-    def wrap(fn: OracleFn) -> OracleFn:
-        _ORACLES[(source_format, mode)] = fn
-        return fn
-
-    return wrap
-
-
-def _step(strategy: str, a: Any, b: Any) -> Any:
-    """One step of a field's reduction (the table of materializer/reductions.py), in plain Python."""
-    if strategy == "lastWriteWins":
-        return b
-    if b is None:
-        return a
-    if a is None:
-        return b
-    if strategy == "firstWriteWins":
-        return a
-    if strategy == "sum":
-        return a + b
-    if strategy == "min":
-        return min(a, b)
-    if strategy == "max":
-        return max(a, b)
-    if strategy == "merge":
-        if isinstance(a, dict) and isinstance(b, dict):
-            out = dict(a)
-            for k, v in b.items():
-                out[k] = _step("merge", a.get(k), v)
-            return out
-        return b
-    if strategy == "append":
-        return list(a) + list(b)
-    raise ValueError(f"no oracle for reduction strategy {strategy!r}")
-
-
-def _fold(binding: BindingConfig, state: Row | None, doc: Row) -> Row:
-    """Reduce one document into a key's state (None: a new key, or one just deleted)."""
-    state = state or {}
-    fields = _fields(doc)
-    out: Row = {}
-    for name in set(fields) | set(state):
-        if name in binding.key:
-            out[name] = fields.get(name, state.get(name))
-        else:
-            out[name] = _step(binding.reductions.get(name, "lastWriteWins"), state.get(name), fields.get(name))
-    return out
-
 
 @register("documents", "standard")
 def documents_standard(binding: BindingConfig, max_documents: int) -> Expected:
@@ -237,10 +135,10 @@ def documents_standard(binding: BindingConfig, max_documents: int) -> Expected:
     for _file, _line, doc in documents(binding.source.path):
         count += 1
         k = key_of(doc, binding.key)
-        if _is_delete(doc):
+        if is_delete(doc):
             state.pop(k, None)
         else:
-            state[k] = _fold(binding, state.get(k), doc)
+            state[k] = fold(binding, state.get(k), doc)
     return Expected(
         binding=binding.name,
         verified=True,
@@ -270,15 +168,15 @@ def documents_delta_updates(binding: BindingConfig, max_documents: int) -> Expec
         current_file = file
         count += 1
         k = key_of(doc, binding.key)
-        if _is_delete(doc):
+        if is_delete(doc):
             # A delete resets the key within the epoch; if the epoch ends on it, the appended row
             # has the delete document's lastWriteWins fields and NULL reduced fields.
-            row = {f: v for f, v in _fields(doc).items() if binding.reductions.get(f, "lastWriteWins") == "lastWriteWins"}
+            row = {f: v for f, v in fields_of(doc).items() if binding.reductions.get(f, "lastWriteWins") == "lastWriteWins"}
             row[OP] = "d"
         else:
             previous = epoch.get(k)
             base = None if previous is None or previous[OP] == "d" else {f: v for f, v in previous.items() if f != OP}
-            row = _fold(binding, base, doc)
+            row = fold(binding, base, doc)
             row[OP] = "u"
         epoch[k] = row
     close_epoch()
@@ -302,53 +200,6 @@ def cdcv2_standard(binding: BindingConfig, max_documents: int) -> Expected:
     batches, so this oracle checks rows only (``epochs`` is None).
     """
     return cdcv2_state(binding, (stmt for _file, _line, stmt in documents(binding.source.path)))
-
-
-def cdcv2_state(binding: BindingConfig, statements: Iterable[Row]) -> Expected:
-    """:func:`cdcv2_standard` over any statements (a folder's lines, a topic's records)."""
-    updates: set[tuple[str, int, int]] = set()
-    progress: set[tuple[int, int | None, tuple[tuple[int, int], ...]]] = set()
-    count = 0
-    for stmt in statements:
-        count += 1
-        if "updates" in stmt:
-            for data, time, diff in stmt["updates"]:
-                updates.add((canonical(data), int(time), int(diff)))
-        elif "progress" in stmt:
-            body = stmt["progress"]
-            upper = body["upper"][0] if body["upper"] else None
-            progress.add((body["lower"][0], upper, tuple(sorted((int(t), int(n)) for t, n in body.get("counts", [])))))
-    frontier: int | None = 0
-    expected_counts: dict[int, int] = {}
-    for lower, upper, counts in sorted(progress, key=lambda p: (p[0], math.inf if p[1] is None else p[1])):
-        if frontier is None or lower > frontier:
-            break
-        for t, n in counts:
-            if t >= frontier:
-                expected_counts[t] = n
-        frontier = None if upper is None else max(frontier, upper)
-    received = Counter(t for _data, t, _diff in updates)
-    complete = frontier
-    for t in sorted(set(expected_counts) | set(received)):
-        if frontier is not None and t >= frontier:
-            break
-        if expected_counts.get(t, 0) != received.get(t, 0):
-            complete = t
-            break
-    totals: Counter[str] = Counter()
-    for data, t, diff in updates:
-        if complete is None or t < complete:
-            totals[data] += diff
-    rows: dict[Key, Counter[str]] = {}
-    for data, n in totals.items():
-        if n not in (0, 1):
-            return Expected(binding=binding.name, verified=False, reason=f"row {data} has multiplicity {n}: not a keyed history")
-        if n == 1:
-            row = json.loads(data)
-            rows.setdefault(key_of(row, binding.key), Counter())[data] += 1
-    if any(sum(c.values()) > 1 for c in rows.values()):
-        return Expected(binding=binding.name, verified=False, reason="a key holds two rows at the frontier: not a keyed history")
-    return Expected(binding=binding.name, verified=True, unique_keys=True, rows=rows, epochs=None, documents=count)
 
 
 def _epochs_of_documents(binding: BindingConfig) -> tuple[list[list[Row]], int]:
@@ -394,11 +245,9 @@ def expected(binding: BindingConfig, max_documents: int) -> Expected:
     """The oracle's expectation for one binding, or ``verified=False`` with the reason."""
     if binding.source.format == "kafka" and binding.options_controlled:
         return Expected(binding=binding.name, verified=False, reason="the kafka oracle does not model sequence_by or column control")
-    if binding.source.format == "kafka":
-        import materializer.tools.oracle_kafka  # noqa: F401 - registers the kafka oracle (confluent-kafka)
     if binding.source.format == "documents" and binding.mode == "standard" and binding.change_controlled:
         return documents_changes(binding, max_documents)
-    fn = _ORACLES.get((binding.source.format, binding.mode))
+    fn = ORACLES.get((binding.source.format, binding.mode))
     if fn is None:
         return Expected(
             binding=binding.name,

@@ -23,7 +23,7 @@ from typing import Any
 
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
-from materializer.tools.oracle import Expected, Key, Row, _fold, _is_delete, canonical, cdcv2_state, key_of, register
+from materializer.tools.oracle_rows import Expected, Key, Row, canonical, cdcv2_state, fold, is_delete, key_of, register
 
 Record = tuple[str, int, int, "bytes | None", "bytes | None"]
 """(topic, partition, offset, key, value)."""
@@ -162,10 +162,10 @@ def kafka_standard(binding: BindingConfig, max_documents: int) -> Expected:
                 binding=binding.name, verified=False,
                 reason=f"key {list(k)} is in partitions {home[k]} and {where}: Kafka orders nothing across partitions",
             )
-        if _is_delete(doc):
+        if is_delete(doc):
             state.pop(k, None)
         else:
-            state[k] = _fold(binding, state.get(k), doc)
+            state[k] = fold(binding, state.get(k), doc)
     return Expected(
         binding=binding.name,
         verified=True,

@@ -41,14 +41,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import PipelineConfig
-from materializer.delta import TableRef, table_state
+from materializer.delta import table_state
+from materializer.tables import TableRef
 from materializer.driver import DeltaDriver
 from materializer.runtime import EpochStager, advanced
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
-from materializer.sources import open_source
+from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Union
 
 from materializer.config import PipelineConfig
-from materializer.delta import TableRef, TableState, read_txn_without_spark, table_state
+from materializer.delta import TableState, read_txn_without_spark, table_state
+from materializer.tables import TableRef
 from materializer.staging import StagingArea
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
