@@ -21,7 +21,7 @@ from materializer.progress import ListCollector
 from materializer.runtime import Runtime
 from tests.random_collections import generate
 from tests.connect_server import ConnectServer, _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
-from tests.helpers import REPO, assert_tables_equal_oracle, binding, run_cli, table_rows, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, binding, delta_rs_list, run_cli, table_rows, write_config, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]
 
@@ -57,7 +57,7 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
             tmp_path,
             [
                 # One file per epoch: the documents source takes whole files (30 documents each).
-                binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1),
+                binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1, view="default.items_live"),
                 binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates", max_files=1),
             ],
             max_documents=30,
@@ -73,6 +73,9 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
         assert epochs(spark, tmp_path / "tables" / table) == [1, 2, 3]
         assert table_state(spark, TableRef(str(tmp_path / "tables" / table)), config.pipeline_id).txn_version == 3
     assert [e["status"] for e in events.named("applied")] == ["applied"] * 6
+    # The live-row view, made over Connect in the server's catalog, shows what delta-rs reads.
+    shown = sorted(repr(sorted(r.asDict().items())) for r in spark.table("default.items_live").collect())
+    assert shown == sorted(repr(sorted(r.items())) for r in delta_rs_list(tmp_path / "tables" / "items"))
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
     # A second run re-applies the last epoch: found recorded, skipped, no new Delta version.
