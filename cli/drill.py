@@ -29,6 +29,9 @@ def drill(
     report: Optional[Path] = typer.Option(None, "--report", help="Where to write the JSON report (default: WORKDIR/drill-report.json)."),
     run_timeout: float = typer.Option(900.0, "--run-timeout", help="Seconds after which one run counts as hung."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temp work folder even when the drill passes."),
+    remote: Optional[str] = typer.Option(
+        None, "--remote", help="Spark Connect server (sc://host:port): every run goes there, a kill ends the client only and the server's operation runs on."
+    ),
     reader: str = typer.Option("spark", "--reader", help="How the tables are read for the comparison: spark, or deltalake (delta-rs, independent of the writer)."),
 ) -> None:
     """Kill the pipeline over and over on a scratch copy, restart it, and prove nothing was lost or duplicated.
@@ -66,6 +69,7 @@ def drill(
         run_timeout=run_timeout,
         keep=keep,
         reader=reader,
+        remote=remote,
         report=report,
     )
     try:

@@ -317,6 +317,9 @@ class DrillOptions:
     """A single run taking longer than this is a hang: the drill kills it and fails."""
     reader: str = "spark"
     """How the verification reads the tables' rows: ``spark`` or ``deltalake`` (delta-rs)."""
+    remote: str | None = None
+    """A Spark Connect server (``sc://host:port``): every run is ``materializer run --remote``, so a
+    kill ends the client only and the server's operation runs on; the drill verifies through it too."""
     keep: bool = False
     report: Path | None = None
 
@@ -332,7 +335,7 @@ def _absolute(path: str) -> str:
 
 def scratch_config(
     config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None,
-    max_records: int | None = None,
+    max_records: int | None = None, remote: str | None = None,
 ) -> dict[str, Any]:
     """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
     # Only what the file set: a dump of every default would name other formats' settings (a
@@ -350,6 +353,9 @@ def scratch_config(
         for binding in data["bindings"]:
             if binding["source"]["format"] == "documents":
                 binding["source"]["max_files"] = max_files
+    if remote:
+        # Every command of the round (run, recover) then runs on the server: a kill ends the client.
+        data.setdefault("spark", {})["remote"] = remote
     if max_records:
         for binding in data["bindings"]:
             if binding["source"]["format"] == "kafka" and binding["source"].get("payload", "documents") != "cdcv2":
@@ -876,7 +882,7 @@ class Drill:
         root.mkdir(parents=True)
         (root / "runs").mkdir()
         sizes = self.sizes
-        data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records)
+        data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote)
         self.config = parse_config(data, "drill scratch config")
         self.config_path = root / "pipeline.yaml"
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -893,7 +899,9 @@ class Drill:
 
             # The config's master even when it names a Connect server: the drill reads the tables
             # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
-            self._spark = config_session(self.config, master=self.config.spark.master, app_name="materializer-drill")
+            self._spark = config_session(
+                self.config, master=self.config.spark.master, remote=self.options.remote, app_name="materializer-drill"
+            )
         return self._spark
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
