@@ -238,6 +238,7 @@ def test_a_drill_on_connect_kills_the_client_only_and_every_table_stays_exact(co
     from tests.test_drill import _assert_clean, make_collection
 
     source = make_collection(tmp_path / "source", files=6, per_file=10)
+    (tmp_path / "prod").mkdir()
     config = write_config(tmp_path / "prod", [binding("items", source, tmp_path / "prod" / "t")], pipeline_id="drill-connect")
     report = tmp_path / "report.json"
     result = run_cli(

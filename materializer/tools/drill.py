@@ -826,11 +826,14 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
 
 
 def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
-    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them."""
-    from deltalake import DeltaTable  # a core dependency (status reads the Delta log with it)
+    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them, through
+    its QueryBuilder, which applies deletion vectors (``to_pyarrow_table`` refuses such a table)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder  # a core dependency (status reads the Delta log with it)
 
     path = location[len("file:") :] if location.startswith("file:") else location
-    return DeltaTable(path).to_pyarrow_table().to_pylist()
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+    return pa.table(reader.read_all()).to_pylist()
 
 
 # --- the drill ---------------------------------------------------------------------------------
