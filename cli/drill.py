@@ -23,10 +23,15 @@ def drill(
     damages: Optional[List[str]] = typer.Option(None, "--damage", help="damage scenario: torn-log, corrupt-log, missing-staged, truncated-staged (default: all)."),
     max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Override transaction.max_documents (cdcv2, kafka): more, smaller epochs."),
     max_files: Optional[int] = typer.Option(None, "--max-files", help="Override source.max_files of documents bindings (epochs are whole files)."),
+    max_records: Optional[int] = typer.Option(None, "--max-records", help="Override source.max_records of kafka bindings (documents and debezium payloads)."),
+    min_epochs: int = typer.Option(5, "--min-epochs", help="Unless a --max-* is given: epoch sizes chosen from the sources so a round has at least this many epochs."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Empty folder for the scratch log, staging and tables (default: a temp folder)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Where to write the JSON report (default: WORKDIR/drill-report.json)."),
     run_timeout: float = typer.Option(900.0, "--run-timeout", help="Seconds after which one run counts as hung."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temp work folder even when the drill passes."),
+    remote: Optional[str] = typer.Option(
+        None, "--remote", help="Spark Connect server (sc://host:port): every run goes there, a kill ends the client only and the server's operation runs on."
+    ),
     reader: str = typer.Option("spark", "--reader", help="How the tables are read for the comparison: spark, or deltalake (delta-rs, independent of the writer)."),
 ) -> None:
     """Kill the pipeline over and over on a scratch copy, restart it, and prove nothing was lost or duplicated.
@@ -59,9 +64,12 @@ def drill(
         damages=damages or None,
         max_documents=max_documents,
         max_files=max_files,
+        max_records=max_records,
+        min_epochs=min_epochs,
         run_timeout=run_timeout,
         keep=keep,
         reader=reader,
+        remote=remote,
         report=report,
     )
     try:
@@ -84,6 +92,8 @@ def drill(
                     progress.console.print(f"  damage {event.damage}: {event.what}")
 
         the_drill = Drill(options, None)
+        for note in the_drill.report.epoch_sizes:
+            console.print(f"epochs: {note}")
         with progress:
             task = progress.add_task("starting", total=the_drill.planned())
             the_drill.collector = Printer()
@@ -108,6 +118,9 @@ def _print_report(result: Any, console: Any) -> None:
         table.add_row(r.plan, f"{r.outcome} (exit {r.exit_code})")
     data = result.to_json()
     table.add_row("restarts", str(data["restarts"]), end_section=True)
+    for window, count in data["windows"].items():
+        shown = count if isinstance(count, str) else ("[yellow]never hit[/]" if count == 0 else str(count))
+        table.add_row(f"kills {window}", shown if not isinstance(count, str) else f"not reachable: {count}")
     table.add_row("rows lost / duplicated / wrong", f"{data['rows']['lost']} / {data['rows']['duplicated']} / {data['rows']['wrong']}")
     table.add_row("time", f"{result.seconds:.0f}s")
     color = {"pass": "green", "FAIL": "red"}.get(result.verdict, "yellow")

@@ -22,6 +22,8 @@ DEFAULT_CONFIG = Path("conf/orders-to-delta.yaml")
 
 Strategy = Literal["lastWriteWins", "firstWriteWins", "sum", "min", "max", "merge", "append"]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VIEW_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
+_VIEW_NAME = re.compile(rf"^{_VIEW_PART}(?:\.{_VIEW_PART}){{0,2}}$")
 
 
 class Model(BaseModel):
@@ -267,6 +269,16 @@ class BindingConfig(Model):
     """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
     name with ``_dead_letters`` appended)."""
 
+    view: str | None = None
+    """A catalog name (``catalog.schema.view``, ``schema.view`` or ``view``) for a view of the
+    table's live rows, created or replaced with the table: no tombstones (``__deleted``), the
+    ``__current`` versions for ``mode: scd2``, no ``__`` columns (docs: 'Live-row views'). With the
+    embedded local Spark the catalog lives as long as the run; point Spark at a metastore (or run
+    on Databricks) to keep it."""
+    view_internal_columns: bool = False
+    """With ``view``: the view keeps the materializer's ``__`` columns (``__sequence``,
+    ``__start_at``, ...) too."""
+
     @property
     def dead_letters(self) -> str | None:
         """The dead-letter table, when this binding has one."""
@@ -301,6 +313,17 @@ class BindingConfig(Model):
             )
         if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
             raise ValueError("dead_letter_table is for on_invalid: dead_letter")
+        if self.view is not None:
+            if not _VIEW_NAME.match(self.view):
+                raise ValueError(
+                    f"view: {self.view!r} is not a catalog name: give `view`, `schema.view` or `catalog.schema.view` "
+                    "(letters, digits and underscores, or a part in backticks); a path table's live rows are a query "
+                    "(docs: 'Live-row views')"
+                )
+            if self.view.replace("`", "").lower() == self.table.replace("`", "").lower():
+                raise ValueError(f"view: {self.view!r} is the table's own name; give the view a name of its own")
+        elif self.view_internal_columns:
+            raise ValueError("view_internal_columns is for a binding with a `view`")
         if any(k.lower() == DELETION_VECTORS.lower() for k in self.properties):
             raise ValueError(f"properties: set {DELETION_VECTORS} with `deletion_vectors: true|false` on the binding")
         return self

@@ -288,7 +288,8 @@ class Span(Event):
 
     Names (stable): ``check_tables`` (Open's log/table check), ``read`` (a source's batch, per
     binding), ``prestage``, ``start_commit``, ``verify``, ``log_commit`` (per epoch), and on the
-    applying thread ``table_state``, ``read_staged``, ``merge`` (per binding and attempt).
+    applying thread ``table_state``, ``read_staged``, ``merge`` (per binding and attempt), ``view``
+    (a live-row view created or replaced).
     """
 
     kind: ClassVar[str] = "span"

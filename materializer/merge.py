@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from materializer import sqltypes
-from materializer import changes, crash, events
+from materializer import changes, crash, events, views
 from materializer.bounds import bounds_condition
 from materializer.config import BindingConfig, PipelineConfig
 from materializer.delta import (
@@ -122,6 +122,8 @@ class DeltaWriter:
         self.config = config
         self.staging_area = staging_area
         self.collector = collector
+        self._view_columns: dict[str, tuple[str, ...]] = {}
+        """binding -> the table columns its live-row view was last made from, in this run."""
         _register_conflict_types(apply_spark)
 
     @property
@@ -147,6 +149,7 @@ class DeltaWriter:
                 state = table_state(self.apply_spark, table, props.txn_app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
+                self._keep_view(binding, epoch, changed=False)
                 return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
             if staged is None and not state.exists:
                 # Nothing to write and no schema to create the table with: nothing to record.
@@ -178,6 +181,7 @@ class DeltaWriter:
                 raise ApplyError(_refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
             # Only the version, for the report: the txn map would rebuild the snapshot's state.
             after_version = table_version(self.apply_spark, table)
+            self._keep_view(binding, epoch, changed=source is not None and self._new_columns(binding, source.columns))
             status = "applied" if metrics is not None else "skipped"
             return ApplyResult(
                 binding=binding.name,
@@ -188,6 +192,28 @@ class DeltaWriter:
                 metrics=metrics or {},
             )
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+
+    def _new_columns(self, binding: BindingConfig, columns: list[str]) -> bool:
+        """Whether a staged file's ``columns`` hold a table column the binding's view was not made from."""
+        if binding.view is None:
+            return False
+        landed = set(columns) - set(changes.staged_only(columns, binding))
+        return not landed <= set(self._view_columns.get(binding.name, ()))
+
+    def _keep_view(self, binding: BindingConfig, epoch: int, *, changed: bool) -> None:
+        """Create or replace the binding's live-row view (docs: 'Live-row views'): once a run, when
+        the table exists, and again after an apply that may have added columns."""
+        if binding.view is None or (binding.name in self._view_columns and not changed):
+            return
+        with self.collector.span("view", epoch, binding.name):
+            try:
+                self._view_columns[binding.name] = views.replace_view(self.apply_spark, binding)
+            except Exception as exc:  # noqa: BLE001 - the table is applied; the view is what failed
+                raise ConfigError(
+                    f"binding {binding.name!r}: the live-row view {binding.view} over {binding.table} could not be "
+                    f"created ({_cause(exc)}). The table is applied and the epoch recorded; fix the view's name (its "
+                    "catalog and schema must exist and be writable) or remove `view`, and run again."
+                ) from None
 
     def probe_txn_confs(self) -> None:
         """Set and unset the txn confs on the apply session, before anything is read: a compute

@@ -21,7 +21,7 @@ from materializer.progress import ListCollector
 from materializer.runtime import Runtime
 from tests.random_collections import generate
 from tests.connect_server import ConnectServer, _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
-from tests.helpers import REPO, assert_tables_equal_oracle, binding, run_cli, table_rows, write_config, write_jsonl
+from tests.helpers import REPO, assert_tables_equal_oracle, binding, delta_rs_list, run_cli, table_rows, write_config, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]
 
@@ -57,7 +57,7 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
             tmp_path,
             [
                 # One file per epoch: the documents source takes whole files (30 documents each).
-                binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1),
+                binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1, view="default.items_live"),
                 binding("items_log", tmp_path / "src", tmp_path / "tables" / "items_log", mode="delta_updates", max_files=1),
             ],
             max_documents=30,
@@ -73,6 +73,9 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
         assert epochs(spark, tmp_path / "tables" / table) == [1, 2, 3]
         assert table_state(spark, TableRef(str(tmp_path / "tables" / table)), config.pipeline_id).txn_version == 3
     assert [e["status"] for e in events.named("applied")] == ["applied"] * 6
+    # The live-row view, made over Connect in the server's catalog, shows what delta-rs reads.
+    shown = sorted(repr(sorted(r.asDict().items())) for r in spark.table("default.items_live").collect())
+    assert shown == sorted(repr(sorted(r.items())) for r in delta_rs_list(tmp_path / "tables" / "items"))
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
     # A second run re-applies the last epoch: found recorded, skipped, no new Delta version.
@@ -161,3 +164,92 @@ def test_cli_on_connect_killed_mid_merge_restarts_to_the_oracle(
     assert_tables_equal_oracle(spark, config)
     assert epochs(spark, tmp_path / "tables" / "items") == [1, 2, 3]  # epoch 2 applied once, by the restart
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+
+def test_an_old_clients_merge_still_running_when_the_restart_reapplies_its_epoch_lands_once(
+    connect_spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Spark Connect the driver that dies is only the client: its MERGE of epoch N runs on in the
+    server while the restarted run opens the log and re-applies N. Here the old client's apply of
+    epoch 2 starts the moment the restart's MERGE of epoch 2 does: each on its own server session,
+    both tagged with epoch 2. Exactly one commit of epoch 2 lands, the table equals the oracle, the
+    old client is fenced, and no staged file is left behind."""
+    import threading
+
+    from materializer.errors import FencedError
+    from materializer.events import Collector, Event, SpanStarted
+    from materializer.protocol import Acknowledge
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+    from tests.helpers import InProcessCrash
+
+    spark = connect_spark
+    generate(tmp_path / "src", seed=7, documents=60, keys=20, files=2)
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", max_files=1)]))
+    crash = InProcessCrash(monkeypatch, "after-log-commit:2")
+    old = Runtime(config, spark)
+    frozen = crash.run(old.run)  # epoch 2 committed to the log, not applied: the old client "dies" here
+    crash.disarm()
+    entry = RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read().last_commit
+    assert entry is not None and entry.epoch == 2 and entry.driver_checkpoint is not None
+
+    restart_merging = threading.Event()
+
+    class StartsTheOldMerge(Collector):
+        def emit(self, event: Event) -> None:
+            if isinstance(event, SpanStarted) and event.name == "merge" and event.epoch == 2:
+                restart_merging.set()
+
+    outcome: dict[str, Any] = {}
+
+    def old_apply() -> None:
+        restart_merging.wait(300)
+        try:
+            outcome["results"] = old.driver.acknowledge(Acknowledge(epoch=2, driver_checkpoint=entry.driver_checkpoint)).results
+        except Exception as exc:  # noqa: BLE001 - what the old client met is the point of the test
+            outcome["error"] = exc
+
+    old_thread = threading.Thread(target=old_apply, name="old-client-apply", daemon=True)
+    old_thread.start()
+    summary = Runtime(config, spark, StartsTheOldMerge()).run()
+    old_thread.join(300)
+    crash.thaw()
+    frozen.join(60)
+    assert restart_merging.is_set() and not old_thread.is_alive()
+    assert summary.opened_at_epoch == 2 and summary.last_epoch == 2
+    # Two MERGEs of epoch 2 ran at once: one commit of it landed; the other was skipped (Delta's
+    # txn record), lost its commit to the first, or was fenced, and wrote nothing.
+    assert epochs(spark, tmp_path / "tables" / "items") == [1, 2]
+    # The old client never acknowledges: fenced after its apply, or stopped by a staged file the
+    # restart had deleted once the epoch was applied.
+    error = outcome.get("error")
+    assert error is not None, outcome
+    assert isinstance(error, FencedError) or "items" in str(error), repr(error)
+    assert_tables_equal_oracle(spark, config)
+    assert table_state(spark, TableRef(str(tmp_path / "tables" / "items")), config.pipeline_id).txn_version == 2
+    assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
+
+
+@pytest.mark.crash
+def test_a_drill_on_connect_kills_the_client_only_and_every_table_stays_exact(connect_server: ConnectServer, tmp_path: Path) -> None:
+    """`materializer drill --remote`: every run is a Connect client, the random SIGKILLs end it
+    (the server's operations run on), restarts cost a Python start; the drill chose epoch sizes
+    from the six files and the tables, read by delta-rs, equal the oracle."""
+    from tests.test_drill import _assert_clean, make_collection
+
+    source = make_collection(tmp_path / "source", files=6, per_file=10)
+    (tmp_path / "prod").mkdir()
+    config = write_config(tmp_path / "prod", [binding("items", source, tmp_path / "prod" / "t")], pipeline_id="drill-connect")
+    report = tmp_path / "report.json"
+    result = run_cli(
+        "drill", "--config", str(config), "--remote", connect_server.url, "--points", "none", "--kills", "3", "--seed", "3",
+        "--reader", "deltalake", "--workdir", str(tmp_path / "w"), "--report", str(report),
+        env={"MATERIALIZER_CREATION_WAIT_SECONDS": "3"},
+    )
+    assert report.exists(), result.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert result.returncode == 0 and data["verdict"] == "pass", (result.stdout[-3000:], result.stderr[-3000:])
+    _assert_clean(data)
+    assert data["kills_total"] + len(data["missed"]) == 3, data["kills"]
+    assert data["epoch_sizes"][-1].startswith("set max_files 1 so a round has at least 5 epochs"), data["epoch_sizes"]
+    assert "remote: sc://" in (tmp_path / "w" / "round-001" / "pipeline.yaml").read_text()

@@ -237,6 +237,9 @@ def test_short_drill_kills_inside_spark_jobs_and_at_random(tmp_path: Path) -> No
     assert data["kills"].get("mid-apply") == 1 and data["kills"].get("mid-load") == 1, data["kills"]
     assert sum(n for k, n in data["kills"].items() if k.startswith("random")) == 1
     assert data["unreachable"] == {}
+    # Its epochs: 4 files at max_files 1 is as small as they go, so the sizes are kept, and said.
+    assert data["epoch_sizes"][-1].startswith("the configured sizes kept"), data["epoch_sizes"]
+    assert set(data["windows"]) == {"between two bindings' applies", "apply N while reading N+1", "between epochs"}
     assert "verdict" in result.stdout and "pass" in result.stdout
     # The drill worked on a copy: the configuration's own log, staging and tables were not created.
     assert not (tmp_path / "prod" / "log").exists() and not (tmp_path / "prod" / "tables").exists()
@@ -341,3 +344,46 @@ def test_a_zombie_whose_apply_fails_is_told_it_is_fenced(tmp_path: Path) -> None
     newer.open()
     with pytest.raises(FencedError, match="opened by writer newer .* applying epoch 1.*part-0.parquet"):
         zombie.check_not_fenced(1, cause=FileNotFoundError("part-0.parquet"))
+
+
+def test_the_drill_chooses_epoch_sizes_that_give_a_round_five_epochs(tmp_path: Path) -> None:
+    from materializer.config import load_config
+    from materializer.tools.drill import epoch_sizes
+
+    source = make_collection(tmp_path / "source", files=12, per_file=2)
+    cfg = load_config(write_config(tmp_path, [binding("items", source, tmp_path / "t")]))  # max_files 1000: one epoch
+    sizes = epoch_sizes(cfg, DrillOptions(config=tmp_path))
+    assert sizes.max_files == 2 and sizes.max_documents is None and sizes.max_records is None
+    assert sizes.notes[0] == "items: 12 document files, 1000 an epoch"
+    assert sizes.notes[-1].startswith("set max_files 2 so a round has at least 5 epochs")
+    assert scratch_config(cfg, tmp_path / "scratch", sizes.max_documents, sizes.max_files)["bindings"][0]["source"]["max_files"] == 2
+    # Told otherwise, it keeps what it was told; sizes that already give enough epochs are kept.
+    assert epoch_sizes(cfg, DrillOptions(config=tmp_path, max_files=6)).max_files == 6
+    assert epoch_sizes(cfg, DrillOptions(config=tmp_path, min_epochs=1)).max_files is None
+    small = load_config(write_config(tmp_path, [binding("items", source, tmp_path / "t", max_files=1)]))
+    assert "kept" in epoch_sizes(small, DrillOptions(config=tmp_path)).notes[-1]
+
+
+def test_a_kill_is_counted_in_the_window_it_fell_in() -> None:
+    from materializer import events
+    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS, OVERLAP, DrillReport, RunRecord, _Phase
+
+    phase = _Phase(bindings=2)
+    steps = [
+        (events.Committed(epoch=1, documents=2, at="now"), ""),
+        (events.SpanStarted(name="read", epoch=2, binding="a"), OVERLAP),
+        (events.Applied(binding="a", table="t", status="applied", epoch=1), BETWEEN_BINDINGS),
+        (events.Applied(binding="b", table="u", status="applied", epoch=1), BETWEEN_EPOCHS),
+    ]
+    for event, window in steps:
+        phase.feed(0.0, event)
+        assert phase.window == window, (event, phase.phase)
+    report = DrillReport(scenario="kills", config="c", workdir="w", seed=0, started_at="now")
+    report.runs = [
+        RunRecord(round=1, index=1, plan="p", kind="random", point=None, exit_code=-9, outcome="killed", window=OVERLAP),
+        RunRecord(round=1, index=2, plan="p", kind="point", point="after-apply", exit_code=-9, outcome="killed", window=BETWEEN_BINDINGS),
+        RunRecord(round=1, index=3, plan="p", kind="point", point="mid-apply", exit_code=0, outcome="finished"),
+    ]
+    assert report.windows() == {BETWEEN_BINDINGS: 1, OVERLAP: 1, BETWEEN_EPOCHS: 0}  # 0: never hit
+    report.unreachable = {BETWEEN_BINDINGS: "the pipeline has one binding"}
+    assert report.windows()[BETWEEN_BINDINGS] == "the pipeline has one binding"

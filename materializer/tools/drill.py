@@ -62,6 +62,14 @@ SCENARIOS = ("kills", "zombie", "damage")
 DAMAGES = ("torn-log", "corrupt-log", "missing-staged", "truncated-staged")
 KILLED = -signal.SIGKILL
 
+BETWEEN_BINDINGS = "between two bindings' applies"
+"""A kill with some of an epoch's tables applied and others not (``after-apply`` and random kills)."""
+OVERLAP = "apply N while reading N+1"
+"""A kill while epoch N's tables are applied and epoch N+1 is already being read."""
+BETWEEN_EPOCHS = "between epochs"
+"""A kill after an epoch's last apply and before the next epoch's log commit."""
+WINDOWS = (BETWEEN_BINDINGS, OVERLAP, BETWEEN_EPOCHS)
+
 RUN_EVENTS = ("--all-events",)
 """What the drill adds to ``materializer run``: every typed event as a JSON line on stdout (the
 human lines stay on stderr). The drill times its kills from these records, never from the text."""
@@ -112,6 +120,8 @@ class RunRecord:
     """killed (by its crash point or the drill), finished (exit 0), failed (an error exit), hung."""
     landed: str = ""
     """Where a kill landed: startup, re-apply, read/stage/commit, apply, after-apply."""
+    window: str = ""
+    """The window between steps a kill fell in (one of :data:`WINDOWS`), if any."""
     seconds: float = 0.0
     committed: list[int] = field(default_factory=list)
     """Epochs this run committed to the recovery log."""
@@ -229,6 +239,8 @@ class DrillReport:
     missed: list[str] = field(default_factory=list)
     """Planned kills that did not land (the run drained first, even fitted to a fresh pipeline):
     timing, not a fault of the pipeline; the verdict is about the tables."""
+    epoch_sizes: list[str] = field(default_factory=list)
+    """What the drill counted in the sources and set on the scratch copy (:func:`epoch_sizes`)."""
     seconds: float = 0.0
     report_path: str = ""
     stopped_early: bool = False
@@ -255,9 +267,16 @@ class DrillReport:
             out[r.point if r.kind == "point" and r.point else f"random ({r.landed or 'unknown'})"] += 1
         return out
 
+    def windows(self) -> dict[str, int | str]:
+        """Kills per window between steps; a window this configuration cannot reach says why, and
+        a window no kill fell in reads 0 (never hit: the verdict says nothing about it)."""
+        hit = Counter(r.window for r in self.runs if r.outcome == "killed" and r.window)
+        return {w: self.unreachable.get(w, hit[w]) for w in WINDOWS}
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict
+        data["windows"] = self.windows()
         data["kills"] = dict(self.kills())
         data["kills_total"] = sum(self.kills().values())
         data["restarts"] = max(0, len(self.runs) - len(self.rounds))
@@ -289,10 +308,18 @@ class DrillOptions:
     """Override ``transaction.max_documents`` (cdcv2, kafka: more, smaller epochs give the kills more to hit)."""
     max_files: int | None = None
     """Override ``source.max_files`` of documents bindings (their epochs are whole files)."""
+    max_records: int | None = None
+    """Override ``source.max_records`` of kafka bindings (documents and debezium payloads)."""
+    min_epochs: int = 5
+    """Unless an override above is given: epoch sizes chosen so a round has at least this many
+    epochs (:func:`epoch_sizes`), so kills fall between epochs and not only inside the one."""
     run_timeout: float = 900.0
     """A single run taking longer than this is a hang: the drill kills it and fails."""
     reader: str = "spark"
     """How the verification reads the tables' rows: ``spark`` or ``deltalake`` (delta-rs)."""
+    remote: str | None = None
+    """A Spark Connect server (``sc://host:port``): every run is ``materializer run --remote``, so a
+    kill ends the client only and the server's operation runs on; the drill verifies through it too."""
     keep: bool = False
     report: Path | None = None
 
@@ -307,7 +334,8 @@ def _absolute(path: str) -> str:
 
 
 def scratch_config(
-    config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None
+    config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None,
+    max_records: int | None = None, remote: str | None = None,
 ) -> dict[str, Any]:
     """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
     # Only what the file set: a dump of every default would name other formats' settings (a
@@ -325,7 +353,101 @@ def scratch_config(
         for binding in data["bindings"]:
             if binding["source"]["format"] == "documents":
                 binding["source"]["max_files"] = max_files
+    if remote:
+        # Every command of the round (run, recover) then runs on the server: a kill ends the client.
+        data.setdefault("spark", {})["remote"] = remote
+    if max_records:
+        for binding in data["bindings"]:
+            if binding["source"]["format"] == "kafka" and binding["source"].get("payload", "documents") != "cdcv2":
+                binding["source"]["max_records"] = max_records
     return data
+
+
+@dataclass(frozen=True)
+class EpochSizes:
+    """What the drill sets on its scratch copy so a round has several epochs."""
+
+    max_documents: int | None = None
+    max_files: int | None = None
+    max_records: int | None = None
+    notes: tuple[str, ...] = ()
+    """One line per choice, said in the report: what was counted and what was set."""
+
+
+def _documents_files(binding: Any) -> int:
+    from materializer.sources.documents import is_document_file
+    from materializer.storage import open_store
+
+    return sum(1 for f in open_store(binding.source.path).list() if is_document_file(f.path))
+
+
+def _cdcv2_statements(binding: Any) -> int:
+    from materializer.storage import open_store
+
+    store = open_store(binding.source.path)
+    return sum(store.get(f.path).count(b"\n") for f in store.list() if not f.path.rsplit("/", 1)[-1].startswith((".", "_")))
+
+
+def _kafka_records(binding: Any) -> int:
+    from materializer.sources.kafka import Offsets
+
+    source = binding.source
+    offsets = Offsets(source.bootstrap_servers, dict(source.client_options), f"binding {binding.name}")
+    return sum(high - low for low, high in offsets.watermarks(source.topic_names).values())
+
+
+def epoch_sizes(config: PipelineConfig, options: "DrillOptions") -> EpochSizes:
+    """Epoch sizes that give a round at least ``options.min_epochs`` epochs, from what the sources
+    hold now (files of a documents folder, statements of a CDC v2 folder, records of the topics);
+    an override the user gave is kept as given. A source that cannot be counted keeps its sizes,
+    and the note says so."""
+    aim = max(1, options.min_epochs)
+    notes: list[str] = []
+    given = {k: v for k, v in (("max_files", options.max_files), ("max_documents", options.max_documents), ("max_records", options.max_records)) if v}
+    if given:
+        notes.append("epoch sizes as given: " + ", ".join(f"{k} {v}" for k, v in given.items()))
+        return EpochSizes(options.max_documents, options.max_files, options.max_records, tuple(notes))
+    max_files: int | None = None
+    max_documents: int | None = None
+    max_records: int | None = None
+    for binding in config.bindings:
+        source = binding.source
+        try:
+            if source.format == "documents":
+                files = _documents_files(binding)
+                if files and -(-files // source.max_files) < aim:
+                    fit = max(1, files // aim)
+                    max_files = fit if max_files is None else min(max_files, fit)
+                notes.append(f"{binding.name}: {files} document files, {source.max_files} an epoch")
+            elif source.format == "cdcv2" or (source.format == "kafka" and source.payload == "cdcv2"):
+                statements = _cdcv2_statements(binding) if source.format == "cdcv2" else _kafka_records(binding)
+                if statements and -(-statements // config.transaction.max_documents) < aim:
+                    fit = max(1, statements // aim)
+                    max_documents = fit if max_documents is None else min(max_documents, fit)
+                notes.append(f"{binding.name}: {statements} CDC v2 statements")
+            elif source.format == "kafka":
+                records = _kafka_records(binding)
+                per_epoch = source.max_records or config.transaction.max_documents
+                if records and -(-records // per_epoch) < aim:
+                    fit = max(1, records // aim)
+                    max_records = fit if max_records is None else min(max_records, fit)
+                notes.append(f"{binding.name}: {records} records in its topics")
+        except Exception as exc:  # noqa: BLE001 - a source the drill cannot count keeps its sizes
+            notes.append(f"{binding.name}: not counted ({str(exc).splitlines()[0][:200]}); its epoch sizes are kept")
+    current = {
+        "max_files": [b.source.max_files for b in config.bindings if b.source.format == "documents"],
+        "max_documents": [config.transaction.max_documents],
+        "max_records": [b.source.max_records or config.transaction.max_documents for b in config.bindings if b.source.format == "kafka"],
+    }
+    chosen = [
+        f"{k} {v}" for k, v in (("max_files", max_files), ("max_documents", max_documents), ("max_records", max_records))
+        if v and any(v != c for c in current[k])
+    ]
+    notes.append(
+        (f"set {', '.join(chosen)} so a round has at least {aim} epochs" if chosen else f"the configured sizes kept (as small as the sources allow, or already {aim} epochs or more)")
+        + " (--max-files / --max-documents / --max-records to choose)"
+    )
+    return EpochSizes(max_documents, max_files, max_records, tuple(notes))
 
 
 def unreachable_points(config: PipelineConfig) -> dict[str, str]:
@@ -334,6 +456,7 @@ def unreachable_points(config: PipelineConfig) -> dict[str, str]:
         out["mid-load"] = "no binding loads current rows (standard mode with a non-lastWriteWins reduction)"
     if len(config.bindings) < 2:
         out["after-apply"] = "fires between two bindings' applies; the pipeline has one binding"
+        out[BETWEEN_BINDINGS] = "the pipeline has one binding"
     return out
 
 
@@ -451,6 +574,20 @@ class _Phase:
         """When each event line was seen, per event name: what a random kill can be timed from."""
         self.ended: float | None = None
         """When the run's output ended."""
+        self.reading_next = False
+        """Since the last log commit, the next epoch's read began (it overlaps the apply)."""
+
+    @property
+    def window(self) -> str:
+        """The window between steps the run stands in now (for a kill), or ''."""
+        if self.phase == "apply" and self.committed:
+            if 0 < self.applied_in_epoch[self.committed[-1]] < self.bindings:
+                return BETWEEN_BINDINGS
+            if self.reading_next:
+                return OVERLAP
+        if self.phase == "after-apply":
+            return BETWEEN_EPOCHS
+        return ""
 
     def saw(self, event: str, at: float) -> None:
         self.counts[event] += 1
@@ -461,10 +598,17 @@ class _Phase:
         if isinstance(event, events.Opened):
             self.phase = "re-apply"
             return "opened"
+        if isinstance(event, events.SpanStarted) and event.name in ("read", "prestage") and self.phase == "apply":
+            self.reading_next = True
+            return None
         if isinstance(event, events.Read):
+            if self.phase == "apply":
+                self.reading_next = True
+                return "read"
             self.phase = "read/stage/commit"
             return "read"
         if isinstance(event, events.Committed):
+            self.reading_next = False
             self.committed.append(event.epoch)
             self.commit_times[event.epoch] = at
             self.phase = "apply"
@@ -499,13 +643,13 @@ def run_once(
     phase = _Phase(bindings)
     kill_at: float | None = None
     killed_by_drill = False
-    landed = ""
+    landed = window = ""
     deadline = started + timeout
     ended = 0
     while True:
         now = time.monotonic()
         if kill_at is not None and now >= kill_at and not killed_by_drill:
-            landed = phase.phase
+            landed, window = phase.phase, phase.window
             child.signal_group(signal.SIGKILL)
             killed_by_drill = True
         if now > deadline and not killed_by_drill:
@@ -537,7 +681,8 @@ def run_once(
     if killed_by_drill:
         outcome = "killed"
     elif code == KILLED and plan.kind == "point":
-        outcome, landed = "killed", plan.point or ""
+        # Where the run's last events left it: the point died right there.
+        outcome, landed, window = "killed", plan.point or "", phase.window
     elif code == 0:
         outcome = "finished"
     else:
@@ -552,6 +697,7 @@ def run_once(
         exit_code=code,
         outcome=outcome,
         landed=landed,
+        window=window if outcome == "killed" else "",
         seconds=round(time.monotonic() - started, 2),
         committed=list(phase.committed),
         error=tail if outcome == "failed" else "",
@@ -681,11 +827,14 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
 
 
 def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
-    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them."""
-    from deltalake import DeltaTable  # a core dependency (status reads the Delta log with it)
+    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them, through
+    its QueryBuilder, which applies deletion vectors (``to_pyarrow_table`` refuses such a table)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder  # a core dependency (status reads the Delta log with it)
 
     path = location[len("file:") :] if location.startswith("file:") else location
-    return DeltaTable(path).to_pyarrow_table().to_pylist()
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+    return pa.table(reader.read_all()).to_pylist()
 
 
 # --- the drill ---------------------------------------------------------------------------------
@@ -726,6 +875,8 @@ class Drill:
         """The event times of the last run (for fitting random kills to the pipeline's size)."""
         self.apply_windows: list[float] = []
         self.stop_requested = False
+        self.sizes = epoch_sizes(self.source_config, options)
+        self.report.epoch_sizes = list(self.sizes.notes)
 
     # --- rounds ---
 
@@ -734,7 +885,8 @@ class Drill:
         root = self.workdir / f"round-{self.round_no:03d}"
         root.mkdir(parents=True)
         (root / "runs").mkdir()
-        data = scratch_config(self.source_config, root, self.options.max_documents, self.options.max_files)
+        sizes = self.sizes
+        data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote)
         self.config = parse_config(data, "drill scratch config")
         self.config_path = root / "pipeline.yaml"
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -751,7 +903,9 @@ class Drill:
 
             # The config's master even when it names a Connect server: the drill reads the tables
             # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
-            self._spark = config_session(self.config, master=self.config.spark.master, app_name="materializer-drill")
+            self._spark = config_session(
+                self.config, master=self.config.spark.master, remote=self.options.remote, app_name="materializer-drill"
+            )
         return self._spark
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
