@@ -578,16 +578,20 @@ class _Phase:
         """Since the last log commit, the next epoch's read began (it overlaps the apply)."""
 
     @property
+    def applying(self) -> bool:
+        """The last epoch committed to the log has tables not applied yet."""
+        return bool(self.committed) and self.applied_in_epoch[self.committed[-1]] < self.bindings
+
+    @property
     def window(self) -> str:
         """The window between steps the run stands in now (for a kill), or ''."""
-        if self.phase == "apply" and self.committed:
-            if 0 < self.applied_in_epoch[self.committed[-1]] < self.bindings:
-                return BETWEEN_BINDINGS
-            if self.reading_next:
-                return OVERLAP
-        if self.phase == "after-apply":
-            return BETWEEN_EPOCHS
-        return ""
+        if not self.committed:
+            return ""
+        if not self.applying:
+            return BETWEEN_EPOCHS  # every table of the last epoch applied, the next not committed
+        if self.applied_in_epoch[self.committed[-1]] > 0:
+            return BETWEEN_BINDINGS
+        return OVERLAP if self.reading_next else ""
 
     def saw(self, event: str, at: float) -> None:
         self.counts[event] += 1
@@ -598,13 +602,11 @@ class _Phase:
         if isinstance(event, events.Opened):
             self.phase = "re-apply"
             return "opened"
-        if isinstance(event, events.SpanStarted) and event.name in ("read", "prestage") and self.phase == "apply":
+        if isinstance(event, events.SpanStarted) and event.name in ("read", "prestage") and self.applying:
             self.reading_next = True
             return None
         if isinstance(event, events.Read):
-            if self.phase == "apply":
-                self.reading_next = True
-                return "read"
+            self.reading_next = self.reading_next or self.applying
             self.phase = "read/stage/commit"
             return "read"
         if isinstance(event, events.Committed):
