@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from materializer.config import load_config, parse_config
-from materializer.errors import ConfigError
 from materializer.runtime import Runtime
 from tests.helpers import write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
@@ -23,15 +22,11 @@ class Killed(BaseException):
     """The process dies here (no clean-up runs)."""
 
 
-def test_dead_letters_are_for_the_documents_and_debezium_payloads() -> None:
-    for payload in ("documents", "debezium"):
+def test_dead_letters_are_for_every_payload() -> None:
+    for payload in ("documents", "debezium", "cdcv2"):
         data = _source(format="kafka", bootstrap_servers="h", topic="a", payload=payload)
         data["bindings"][0]["on_invalid"] = "dead_letter"
         assert parse_config(data, "x").bindings[0].dead_letters == "t_dead_letters"
-    data = _source(format="kafka", bootstrap_servers="h", topic="a", payload="cdcv2")
-    data["bindings"][0]["on_invalid"] = "dead_letter"
-    with pytest.raises(ConfigError, match="CDC v2 statements take on_invalid: fail"):
-        parse_config(data, "x")
 
 
 def _dead(table: Path) -> list[tuple[Any, ...]]:

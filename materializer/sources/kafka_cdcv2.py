@@ -46,6 +46,8 @@ _FOREVER = sys.maxsize
 class KafkaCdcV2Source(CdcV2Source):
     """CDC v2 statements from a topic; see the module docstring."""
 
+    _per_file = False
+
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         super().__init__(binding, spool)
         self.kafka = KafkaSource(binding, spool)
@@ -97,6 +99,8 @@ class KafkaCdcV2Source(CdcV2Source):
                 F.col(f"{SEQ}.topic").alias("topic"),
                 F.col(f"{SEQ}.partition").alias("partition"),
                 F.col(f"{SEQ}.offset").alias("offset"),
+                F.col("key"),
+                F.col("timestamp"),
                 F.concat(
                     F.lit(f"{where} topic "), F.col(f"{SEQ}.topic"), F.lit(" partition "), F.col(f"{SEQ}.partition").cast("string"),
                     F.lit(" offset "), F.col(f"{SEQ}.offset").cast("string"),
@@ -117,6 +121,28 @@ class KafkaCdcV2Source(CdcV2Source):
         if self._records is not None:
             self._records.unpersist()
         self._scan, self._records = None, None
+
+    def _dead_letters(
+        self, spark: "SparkSession", scan: _Scan, checkpoint: dict[str, Any] | None, until: dict[str, Any] | None
+    ) -> "tuple[DataFrame | None, int, dict[str, Any]]":
+        """``on_invalid: dead_letter``: the malformed records this epoch sets aside, as the kafka
+        source's dead letters are (``source``, ``topic``, ``partition``, ``offset``, ``timestamp``,
+        ``key``, ``reason``, ``value``). Readings overlap (each starts at the first record still
+        needed), so a record is set aside by the epoch whose reading first reached it: at or after
+        where the previous epoch's reading ended (the checkpoint's ``read``); the checkpoint needs
+        nothing more."""
+        from pyspark.sql import functions as F
+
+        if not scan.bad or self._records is None:
+            return None, 0, {}
+        seen = F.lit(False)
+        for (topic, partition), end in sorted(positions_of({"offsets": (checkpoint or {}).get("read") or {}}).items()):
+            seen = seen | ((F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < end))
+        rejected = self._rejected(self._statements(self._records.where(~seen)), scan).select(
+            F.lit(self.kafka.where).alias("source"), "topic", "partition", "offset", "timestamp", "key", "reason", "value"
+        )
+        count = rejected.count()
+        return (rejected if count else None), count, {}
 
     # --- epochs ---
 
