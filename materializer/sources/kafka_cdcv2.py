@@ -191,8 +191,10 @@ class KafkaCdcV2Source(CdcV2Source):
                 f"{self.label}: re-reading the epoch ends at {batch.checkpoint}, but it ended at {until}: the "
                 "epoch cannot be re-staged exactly. Restore its staged file from a backup."
             )
-        batch.description += f" ({self._plan.records} records read)"
-        batch.lag = {"records": self._plan.lag}
+        # The oldest record still needed is the one a compaction window threatens.
+        lag, words = self.kafka.lag(self._plan, positions_of({"offsets": batch.checkpoint["offsets"]}))
+        batch.description += f" ({self._plan.records} records read){words}"
+        batch.lag = lag
         return batch
 
     def _needed_from(self, frontier: int | None) -> dict[Partition, int]:
