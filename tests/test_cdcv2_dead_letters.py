@@ -15,7 +15,7 @@ from materializer.config import load_config
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
 from materializer.tools import oracle
-from tests.helpers import InProcessCrash, Killed, binding, delta_rs_list, write_config
+from tests.helpers import InProcessCrash, Killed, binding, delta_rs_list, kill_before_dead_letters, write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
 from tests.test_kafka import kafka_binding, log_entries
 
@@ -82,11 +82,7 @@ def test_malformed_statements_of_files_land_once_with_file_line_and_rule(
     ])
     # Killed between the table's commit and its dead letters': the re-apply adds them once.
     runtime = Runtime(config, spark)
-
-    def killed(*_args: Any) -> Any:
-        raise Killed("killed between the table's commit and its dead letters'")
-
-    runtime.driver.writer.append_dead_letters = killed  # type: ignore[method-assign]
+    kill_before_dead_letters(runtime)
     with pytest.raises(Killed):
         runtime.run()
     assert max(log_entries(config)) == 1 and not (tables / "rows_dead_letters").exists()
@@ -167,14 +163,7 @@ def test_malformed_records_of_the_cdcv2_payload_land_once_with_topic_partition_o
     produce([(b"z", bad({"updates": [[A1, 1, -1], [A2, 1, 1], "x"]}), 1), (b"a", {"updates": [[A1, 1, -1], [A2, 1, 1]]}, 0),
              (b"q", _progress(1, 2, {1: 2}), 1)])
     runtime = Runtime(config, spark)
-    append = runtime.driver.writer.append_dead_letters
-
-    def killed(binding_config: Any, epoch: int, staged: Any) -> Any:
-        if epoch == 2:  # (the Open's re-apply of epoch 1 goes through)
-            raise Killed("killed between the table's commit and its dead letters'")
-        return append(binding_config, epoch, staged)
-
-    runtime.driver.writer.append_dead_letters = killed  # type: ignore[method-assign]
+    kill_before_dead_letters(runtime, epoch=2)  # (the Open's re-apply of epoch 1 goes through)
     with pytest.raises(Killed):
         runtime.run()
     assert max(log_entries(config)) == 2
