@@ -112,7 +112,7 @@ def test_progress_records_and_status_show_the_oldest_unread_record_beside_delete
     records = {p.record.epoch: p.record for p in events.of(Progress)}
     first = records[1]
     assert first.lag_records == 1 and first.delete_retention_ms == window
-    assert 40 * 60_000 <= first.oldest_unread_ms < 45 * 60_000
+    assert 40 * 60_000 <= first.oldest_unread_ms < window
     assert first.bindings[0].oldest_unread_ms == first.oldest_unread_ms
     assert records[2].oldest_unread_ms is None and records[2].lag_records == 0
     extent = events.named("read")[0]["extent"]
@@ -122,5 +122,5 @@ def test_progress_records_and_status_show_the_oldest_unread_record_beside_delete
     broker.produce(topic, [(b'{"id": 4}', b'{"v": 4}', 0)], timestamp_ms=old)
     tables = pipeline_status(config).tables
     assert [(c["topic"], c["partition"], c["offset"], c["delete_retention_ms"]) for c in tables[0].compaction] == [(topic, 0, 3, window)]
-    assert 40 * 60_000 <= tables[0].compaction[0]["oldest_unread_ms"] < 45 * 60_000
+    assert first.oldest_unread_ms <= tables[0].compaction[0]["oldest_unread_ms"] < window
     assert "compacted compacted-lag/0: oldest unread record (offset 3)" in tables[0].compaction_note

@@ -476,14 +476,11 @@ class CdcV2Source(Source):
         v = parse_one(F.col("value"))
         fields = F.map_keys(F.try_variant_get(v, "$", "map<string,variant>"))
         updates_arr = F.try_variant_get(v, "$.updates", "array<variant>")
+        # concat is NULL where the update's problem is: the first non-NULL is the first bad update.
         first_bad_update = F.try_element_at(
             F.filter(
                 F.transform(
-                    updates_arr,
-                    lambda u, i: F.when(
-                        self._update_problem(u).isNotNull(),
-                        F.concat(F.lit("update #"), (i + 1).cast("string"), F.lit(" "), self._update_problem(u)),
-                    ),
+                    updates_arr, lambda u, i: F.concat(F.lit("update #"), (i + 1).cast("string"), F.lit(" "), self._update_problem(u))
                 ),
                 lambda p: p.isNotNull(),
             ),
