@@ -57,5 +57,7 @@ def _text(st: PipelineStatus) -> Iterator[str]:
         recorded = "no table" if not t.exists else f"records epoch {t.recorded_epoch or 0} (Delta version {t.delta_version})"
         pending = f"; staged pending: {', '.join(t.staged_pending)}" if t.staged_pending else ""
         yield f"  [{mark}] {t.binding} -> {t.table}: {recorded}; {t.note}{pending}"
+        if t.compaction_note:
+            yield f"      {t.compaction_note}"
     if st.orphaned:
         yield f"  orphaned staged files (deleted at the next run): {', '.join(st.orphaned)}"

@@ -262,9 +262,10 @@ class BindingConfig(Model):
     on_invalid: Literal["fail", "dead_letter"] = "fail"
     """A document that fails the checks: ``fail`` stops the run naming file and line (nothing of
     the epoch is committed); ``dead_letter`` commits the epoch without it and writes it, with its
-    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents source;
-    kafka's documents and debezium payloads, with the record's topic, partition, offset, timestamp,
-    key and value)."""
+    file, line and reason, to ``dead_letter_table`` under the epoch's txn id (documents and cdcv2
+    sources; kafka's payloads, with the record's topic, partition, offset, timestamp, key and
+    value). For CDC v2 only a malformed statement is a dead letter; input whose statements
+    contradict each other still stops the run (docs: 'The cdcv2 source')."""
     dead_letter_table: str | None = None
     """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
     name with ``_dead_letters`` appended)."""
@@ -304,13 +305,6 @@ class BindingConfig(Model):
         problem = retention_problem(dict(self.properties))
         if problem:
             raise ValueError(f"properties: {problem}. Remove it")
-        if self.on_invalid == "dead_letter" and (
-            self.source.format == "cdcv2" or (self.source.format == "kafka" and self.source.payload == "cdcv2")
-        ):
-            raise ValueError(
-                "on_invalid: dead_letter is built for the documents source and kafka's documents and debezium payloads "
-                "so far; CDC v2 statements take on_invalid: fail"
-            )
         if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
             raise ValueError("dead_letter_table is for on_invalid: dead_letter")
         if self.view is not None:

@@ -10,6 +10,10 @@ there, so each rejected document lands exactly once. Columns:
 found, as the error of ``on_invalid: fail`` words it), ``document`` (the line as read). The kafka
 source's records keep ``binding``, ``epoch``, ``source`` (the source's ``kafka://`` URI), ``topic``,
 ``partition``, ``offset``, ``timestamp``, ``key``, ``reason`` and ``value`` (key and value as read).
+CDC v2 statements (the ``cdcv2`` source, kafka's ``cdcv2`` payload) keep the same columns as
+their source's documents; only a malformed statement is a dead letter (statements that
+contradict each other stop the run), and since the files, and overlapping ranges of a topic, are
+read again by later epochs, the source sets a statement aside in the first epoch that reads it.
 
 Only what a document shows alone is dead-lettered (not JSON, no key, a reserved field, a value
 that does not fit ``source.schema``); documents that cannot make one table *together* (a field

@@ -176,6 +176,14 @@ class BindingProgress:
     lag_bytes: int | None = None
     dead_letters: int = 0
     """Documents set aside in the dead-letter table (``on_invalid: dead_letter``)."""
+    lag_records: int | None = None
+    """Kafka: records not read yet after this epoch."""
+    oldest_unread_ms: int | None = None
+    """Kafka, compacted topic: the age of the first unread record of the partition nearest to its
+    ``delete.retention.ms`` (beyond it, deletes not read yet may be gone; None: none compacted or
+    caught up)."""
+    delete_retention_ms: int | None = None
+    """That partition's topic's ``delete.retention.ms``."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,12 @@ class EpochProgress:
     bindings: tuple[BindingProgress, ...] = field(default_factory=tuple)
     dead_letters: int = 0
     """Documents of the epoch set aside in dead-letter tables."""
+    lag_records: int | None = None
+    """Kafka records not read yet after this epoch, over the bindings."""
+    oldest_unread_ms: int | None = None
+    """The compacted partition nearest to its window, over the bindings: its first unread record's age."""
+    delete_retention_ms: int | None = None
+    """That partition's ``delete.retention.ms``."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -220,6 +234,10 @@ class EpochProgress:
         """One line for humans and logs."""
         phases = " ".join(f"{k}={v:.2f}s" for k, v in self.phase_seconds.items())
         lag = f" lag={self.lag_files} files/{self.lag_bytes} B" if self.lag_files is not None else ""
+        if self.lag_records is not None:
+            lag += f" lag={self.lag_records} records"
+        if self.oldest_unread_ms is not None and self.delete_retention_ms is not None:
+            lag += f" oldest unread {self.oldest_unread_ms} ms of delete.retention.ms {self.delete_retention_ms} ms"
         return (
             f"epoch {self.epoch}: {self.documents} documents, {self.rows_staged} rows staged, "
             f"+{self.inserted} ~{self.updated} -{self.deleted}, {self.applied} applied {self.skipped} skipped; "

@@ -152,6 +152,9 @@ class ProgressTracker(Collector):
                 b["dead_letters"] = int(event.dead_letters or 0)
                 if isinstance(event.lag, Mapping):
                     b["lag_files"], b["lag_bytes"] = event.lag.get("files"), event.lag.get("bytes")
+                    b["lag_records"] = event.lag.get("records")
+                    b["oldest_unread_ms"] = event.lag.get("oldest_unread_ms")
+                    b["delete_retention_ms"] = event.lag.get("delete_retention_ms")
                 self._add(state, "read", event.seconds)
             elif isinstance(event, events.Committed):
                 state["committed_at"] = event.at
@@ -195,6 +198,8 @@ class ProgressTracker(Collector):
             known = [v for v in values if v is not None]
             return sum(known) if known else None
 
+        windowed = [b for b in bindings if b.oldest_unread_ms is not None and b.delete_retention_ms is not None]
+        nearest = min(windowed, key=lambda b: (b.delete_retention_ms or 0) - (b.oldest_unread_ms or 0)) if windowed else None
         return EpochProgress(
             pipeline_id=self.pipeline_id,
             epoch=epoch,
@@ -216,6 +221,9 @@ class ProgressTracker(Collector):
             lag_bytes=total(b.lag_bytes for b in bindings),
             bindings=bindings,
             dead_letters=sum(b.dead_letters for b in bindings),
+            lag_records=total(b.lag_records for b in bindings),
+            oldest_unread_ms=nearest.oldest_unread_ms if nearest else None,
+            delete_retention_ms=nearest.delete_retention_ms if nearest else None,
         )
 
 

@@ -163,6 +163,19 @@ class Killed(BaseException):
     """Unwinds a thread :class:`InProcessCrash` froze, once the test is done with it."""
 
 
+def kill_before_dead_letters(runtime: Any, epoch: int | None = None) -> None:
+    """``runtime`` dies (:class:`Killed`) between a table's commit and its dead letters' append:
+    of ``epoch`` only (the Open's re-apply of an earlier one goes through), or of any epoch."""
+    append = runtime.driver.writer.append_dead_letters
+
+    def killed(binding: Any, at: int, staged: Any) -> Any:
+        if epoch is None or at == epoch:
+            raise Killed("killed between the table's commit and its dead letters'")
+        return append(binding, at, staged)
+
+    runtime.driver.writer.append_dead_letters = killed
+
+
 class InProcessCrash:
     """``MATERIALIZER_CRASH_AT`` without killing the test process: the thread reaching the point freezes.
 

@@ -240,9 +240,9 @@ class Broker:
             time.sleep(0.2)
         raise RuntimeError("the broker's metadata did not reach the expected state")
 
-    def produce(self, topic: str, messages: list[tuple[Any, Any, int | None]]) -> None:
+    def produce(self, topic: str, messages: list[tuple[Any, Any, int | None]], timestamp_ms: int | None = None) -> None:
         """Write ``(key, value, partition)`` messages (str/bytes/None; partition None: by key), and
-        wait until every one is acknowledged."""
+        wait until every one is acknowledged (``timestamp_ms``: their CreateTime; None: now)."""
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5})
@@ -254,6 +254,8 @@ class Broker:
 
         for key, value, partition in messages:
             kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
+            if timestamp_ms is not None:
+                kwargs["timestamp"] = timestamp_ms
             if partition is not None:
                 kwargs["partition"] = partition
             while True:

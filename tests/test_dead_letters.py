@@ -40,13 +40,13 @@ def _dead(spark: Any, table: Path) -> list[tuple[Any, ...]]:
     return sorted((r["binding"], r["epoch"], r["source"].rsplit("/", 1)[-1], r["line"], r["reason"], r["document"]) for r in rows)
 
 
-def test_dead_letters_are_for_the_documents_source_and_have_a_default_table() -> None:
+def test_dead_letters_are_for_every_file_source_and_have_a_default_table() -> None:
     base = {"pipeline_id": "p", "recovery_log": "/l", "staging": "/s"}
     b = {"name": "b", "table": "/t/orders", "key": ["id"], "on_invalid": "dead_letter"}
     config = parse_config({**base, "bindings": [{**b, "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")
     assert config.bindings[0].dead_letters == "/t/orders_dead_letters"
-    with pytest.raises(ConfigError, match="CDC v2 statements take on_invalid: fail"):
-        parse_config({**base, "bindings": [{**b, "source": {"format": "cdcv2", "path": "/x"}}]}, "f.yaml")
+    cdcv2 = parse_config({**base, "bindings": [{**b, "source": {"format": "cdcv2", "path": "/x"}}]}, "f.yaml")
+    assert cdcv2.bindings[0].dead_letters == "/t/orders_dead_letters"
     with pytest.raises(ConfigError, match="dead_letter_table is for on_invalid"):
         parse_config({**base, "bindings": [{**b, "on_invalid": "fail", "dead_letter_table": "/d", "source": {"format": "documents", "path": "/x"}}]}, "f.yaml")
 

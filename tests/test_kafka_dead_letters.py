@@ -11,27 +11,18 @@ from typing import Any
 import pytest
 
 from materializer.config import load_config, parse_config
-from materializer.errors import ConfigError
 from materializer.runtime import Runtime
-from tests.helpers import write_config
+from tests.helpers import Killed, delta_rs_list, kill_before_dead_letters, write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
 from tests.test_kafka import _source, kafka_binding, log_entries
 from tests.test_kafka_transactions import delta_rs_rows
 
 
-class Killed(BaseException):
-    """The process dies here (no clean-up runs)."""
-
-
-def test_dead_letters_are_for_the_documents_and_debezium_payloads() -> None:
-    for payload in ("documents", "debezium"):
+def test_dead_letters_are_for_every_payload() -> None:
+    for payload in ("documents", "debezium", "cdcv2"):
         data = _source(format="kafka", bootstrap_servers="h", topic="a", payload=payload)
         data["bindings"][0]["on_invalid"] = "dead_letter"
         assert parse_config(data, "x").bindings[0].dead_letters == "t_dead_letters"
-    data = _source(format="kafka", bootstrap_servers="h", topic="a", payload="cdcv2")
-    data["bindings"][0]["on_invalid"] = "dead_letter"
-    with pytest.raises(ConfigError, match="CDC v2 statements take on_invalid: fail"):
-        parse_config(data, "x")
 
 
 def _dead(table: Path) -> list[tuple[Any, ...]]:
@@ -39,18 +30,10 @@ def _dead(table: Path) -> list[tuple[Any, ...]]:
 
     assert DeltaTable(str(table)).transaction_version("test-pipeline") is not None
     rows = []
-    for r in _rows(table):
+    for r in delta_rs_list(table):
         assert r["timestamp"] is not None and r["source"].startswith("kafka://")
         rows.append((r["binding"], r["epoch"], r["topic"], r["partition"], r["offset"], r["key"], r["reason"], r["value"]))
     return sorted(rows, key=lambda r: (r[1], r[3], r[4]))
-
-
-def _rows(table: Path) -> list[dict[str, Any]]:
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
-    reader = QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT * FROM t")
-    return pa.RecordBatchReader.from_stream(reader).read_all().to_pylist()
 
 
 def _event(op: str, after: Any) -> bytes:
@@ -77,11 +60,7 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
 
     # Killed after the first table's commit, before its dead letters: the re-apply adds them once.
     runtime = Runtime(config, spark)
-
-    def killed(*_args: Any) -> Any:
-        raise Killed("killed between the table's commit and its dead letters'")
-
-    runtime.driver.writer.append_dead_letters = killed  # type: ignore[method-assign]
+    kill_before_dead_letters(runtime)
     with pytest.raises(Killed):
         runtime.run()
     assert max(log_entries(config)) == 1 and not (tables / "docs_dead_letters").exists()

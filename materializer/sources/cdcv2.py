@@ -145,13 +145,15 @@ def parse_progress(body: Any, origin: Origin) -> Progress:
     """Validate the object under ``"progress"``; malformed statements are errors at any time."""
 
     def bad(what: str) -> SourceError:
-        return SourceError(
+        error = SourceError(
             f"{origin.describe()}: malformed progress statement: {what}. Expected "
             '{"progress": {"lower": [t], "upper": [u] or [], "counts": [[t, n], ...]}} with '
             f"non-negative integer times and counts. {_FIX}",
             file=origin.file,
             line=origin.line,
         )
+        error.rule = f"malformed progress statement: {what}"  # a dead letter's reason
+        return error
 
     if not isinstance(body, dict):
         raise bad("the value of \"progress\" must be an object")
@@ -338,10 +340,19 @@ class _Scan:
     progress: list[Progress]
     received: dict[int, int]
     conflicts: list[Problem]
+    bad_files: dict[str, str] = field(default_factory=dict)
+    """``on_invalid: dead_letter``: Spark's URI -> name of each file holding malformed statements."""
+    bad_progress: dict[str, str] = field(default_factory=dict)
+    """``on_invalid: dead_letter``: the text of each malformed progress statement -> the rule it breaks."""
+    bad: bool = False
+    """``on_invalid: dead_letter``: the reading holds malformed statements."""
 
 
 class CdcV2Source(Source):
     """Reads a folder of CDC v2 statements; see the module docstring."""
+
+    _per_file = True
+    """Dead letters are found by file (a record's name is not a file: kafka's payload says False)."""
 
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         super().__init__(binding, spool)
@@ -374,6 +385,12 @@ class CdcV2Source(Source):
             if (uri.endswith("/" + name) or uri == name) and len(name) > len(best):
                 best = name
         return f"{self._store().uri}/{best}" if best else uri
+
+    def _relative(self, spark_uri: str, names: Sequence[str]) -> str:
+        """The file's name inside the folder (what a checkpoint keeps)."""
+        prefix = self._store().uri.rstrip("/") + "/"
+        name = self._name(spark_uri, names)
+        return name[len(prefix):] if name.startswith(prefix) else name
 
     def _locate(self, origin: Origin) -> Origin:
         """The origin with its line number, found by reading the one file (error paths only)."""
@@ -418,18 +435,60 @@ class CdcV2Source(Source):
             .where(F.trim("value") != "")
         )
 
-    def _read(self, spark: "SparkSession", listing: tuple[tuple[str, int], ...], frontier: int) -> _Scan:
-        from pyspark import StorageLevel
+    def _update_problem(self, u: "Column") -> "Column":
+        """What is wrong with one update ``u`` (a VARIANT) of an updates statement (NULL: nothing)."""
         from pyspark.sql import functions as F
 
-        names = [name for name, _ in listing]
-        lines = self._lines(spark, listing)
+        arr = F.try_variant_get(u, "$", "array<variant>")
+        data, time_v, diff_v = arr[0], arr[1], arr[2]
+        data_map = F.try_variant_get(data, "$", "map<string,variant>")
+        time = F.try_variant_get(time_v, "$", "bigint")
+        diff = F.try_variant_get(diff_v, "$", "bigint")
+        keys = [F.try_element_at(data_map, F.lit(k)) for k in self.binding.key]
+        problem = F.when(
+            arr.isNull() | (F.array_size(arr) != 3), F.lit("is not a [data, time, diff] triple")
+        ).when(data_map.isNull(), F.lit("has data that is not a JSON object"))
+        problem = problem.when(
+            F.schema_of_variant(time_v) != "BIGINT", F.lit("has a time that is not an integer")
+        ).when(time < 0, F.lit("has a negative time"))
+        problem = problem.when(
+            (F.schema_of_variant(diff_v) != "BIGINT") | (diff == 0), F.lit("has a diff that is not a non-zero integer")
+        )
+        for name, value in zip(self.binding.key, keys):
+            problem = problem.when(
+                value.isNull() | F.is_variant_null(value), F.lit(f"has data without the key field {name!r}")
+            ).when(
+                F.schema_of_variant(value).startswith("OBJECT") | F.schema_of_variant(value).startswith("ARRAY"),
+                F.lit(f"has data whose key field {name!r} is not a scalar"),
+            )
+        for name in RESERVED:
+            problem = problem.when(
+                F.array_contains(F.map_keys(data_map), F.lit(name)),
+                F.lit(f"has data with the field {name!r}, which the materializer reserves"),
+            )
+        return problem
+
+    def _statements(self, lines: "DataFrame") -> "DataFrame":
+        """``lines`` (a ``value`` column and any others) with what each statement is: ``problem``
+        (what makes the whole statement malformed, its first bad update included; NULL: none),
+        ``is_progress`` and ``updates`` (the updates as VARIANTs). A statement is judged alone."""
+        from pyspark.sql import functions as F
+
         v = parse_one(F.col("value"))
         fields = F.map_keys(F.try_variant_get(v, "$", "map<string,variant>"))
         updates_arr = F.try_variant_get(v, "$.updates", "array<variant>")
-        parsed = lines.select(
-            "file",
-            "value",
+        # concat is NULL where the update's problem is: the first non-NULL is the first bad update.
+        first_bad_update = F.try_element_at(
+            F.filter(
+                F.transform(
+                    updates_arr, lambda u, i: F.concat(F.lit("update #"), (i + 1).cast("string"), F.lit(" "), self._update_problem(u))
+                ),
+                lambda p: p.isNotNull(),
+            ),
+            F.lit(1),
+        )
+        return lines.select(
+            *lines.columns,
             F.when(
                 v.isNull() & F.try_parse_json("value").isNotNull(),
                 F.lit("more than one JSON value, or text after the statement's value: one statement per line"),
@@ -441,67 +500,48 @@ class CdcV2Source(Source):
                 F.lit('a statement is an object with exactly one field, "updates" or "progress"'),
             )
             .when((fields[0] == "updates") & updates_arr.isNull(), F.lit('"updates" must be a list of [data, time, diff] triples'))
+            .otherwise(first_bad_update)
             .alias("problem"),
             (v.isNotNull() & (F.array_size(fields) == 1) & (fields[0] == "progress")).alias("is_progress"),
             updates_arr.alias("updates"),
         )
 
+    def _read(self, spark: "SparkSession", listing: tuple[tuple[str, int], ...], frontier: int) -> _Scan:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        names = [name for name, _ in listing]
+        dead_letter = self.binding.on_invalid == "dead_letter"
+        parsed = self._statements(self._lines(spark, listing).select("file", "value"))
+
         # posexplode_outer keeps progress and malformed lines (u is NULL): one plan, so the
         # validation and the progress statements come out of one pass over the files.
-        triples = parsed.select(
-            "file", "value", "problem", "is_progress", F.posexplode_outer("updates").alias("position", "u")
-        )
+        triples = parsed.select("file", "value", "problem", "is_progress", F.posexplode_outer("updates").alias("position", "u"))
         arr = F.try_variant_get("u", "$", "array<variant>")
-        data, time_v, diff_v = arr[0], arr[1], arr[2]
-        data_map = F.try_variant_get(data, "$", "map<string,variant>")
-        time = F.try_variant_get(time_v, "$", "bigint")
-        diff = F.try_variant_get(diff_v, "$", "bigint")
+        data_map = F.try_variant_get(arr[0], "$", "map<string,variant>")
         keys = [F.try_element_at(data_map, F.lit(k)) for k in self.binding.key]
-        triple_problem = F.when(
-            arr.isNull() | (F.array_size(arr) != 3), F.lit("is not a [data, time, diff] triple")
-        ).when(data_map.isNull(), F.lit("has data that is not a JSON object"))
-        triple_problem = triple_problem.when(
-            F.schema_of_variant(time_v) != "BIGINT", F.lit("has a time that is not an integer")
-        ).when(time < 0, F.lit("has a negative time"))
-        triple_problem = triple_problem.when(
-            (F.schema_of_variant(diff_v) != "BIGINT") | (diff == 0), F.lit("has a diff that is not a non-zero integer")
-        )
-        for name, value in zip(self.binding.key, keys):
-            triple_problem = triple_problem.when(
-                value.isNull() | F.is_variant_null(value), F.lit(f"has data without the key field {name!r}")
-            ).when(
-                F.schema_of_variant(value).startswith("OBJECT") | F.schema_of_variant(value).startswith("ARRAY"),
-                F.lit(f"has data whose key field {name!r} is not a scalar"),
-            )
-        for name in RESERVED:
-            triple_problem = triple_problem.when(
-                F.array_contains(F.map_keys(data_map), F.lit(name)),
-                F.lit(f"has data with the field {name!r}, which the materializer reserves"),
-            )
         exploded = triples.select(
             "file",
             "value",
             "is_progress",
-            F.coalesce(
-                F.col("problem"),
-                F.when(
-                    F.col("u").isNotNull(),
-                    F.concat(F.lit("update #"), (F.col("position") + 1).cast("string"), F.lit(" "), triple_problem),
-                ),
-            ).alias("problem"),
+            "problem",
             F.to_json(F.array(*keys)).alias("key"),
-            F.to_json(data).alias("data"),
-            time.alias("time"),
-            diff.alias("diff"),
+            F.to_json(arr[0]).alias("data"),
+            F.try_variant_get(arr[1], "$", "bigint").alias("time"),
+            F.try_variant_get(arr[2], "$", "bigint").alias("diff"),
         )
 
         # Job 1 (one pass, one row out): the first malformed statement, if any (an error whatever
         # its time), and the distinct progress statements, which are few.
+        # With on_invalid: dead_letter, the names of the files holding malformed statements (a
+        # few names, never rows; the kafka payload's "files" are records: it finds them again).
         meta = exploded.agg(
             F.min(F.when(F.col("problem").isNotNull(), F.struct("file", "value", "problem"))).alias("bad"),
             F.collect_set(F.when(F.col("is_progress"), F.struct("value", "file"))).alias("progress"),
+            *([F.collect_set(F.when(F.col("problem").isNotNull(), F.col("file"))).alias("bad_files")] if dead_letter and self._per_file else []),
         ).collect()[0]
-        if meta["bad"] is not None:
+        bad_files = {f: self._relative(f, names) for f in (meta["bad_files"] or [])} if dead_letter and self._per_file else {}
+        if meta["bad"] is not None and not dead_letter:
             row = meta["bad"]
             origin = self._locate(Origin(self._name(row["file"], names), row["value"]))
             raise SourceError(
@@ -515,16 +555,26 @@ class CdcV2Source(Source):
         first_file: dict[str, str] = {}
         for row in meta["progress"]:
             first_file[row["value"]] = min(first_file.get(row["value"], row["file"]), row["file"])
+        bad_progress: dict[str, str] = {}
         for text, file in sorted(first_file.items()):
             origin = Origin(self._name(file, names), text)
             body = json.loads(text)["progress"]
             try:
                 progress.append(parse_progress(body, origin))
-            except SourceError:
+            except SourceError as error:
+                if dead_letter:
+                    # Set aside (every copy of it): the times it alone would cover wait.
+                    bad_progress[text] = getattr(error, "rule", str(error))
+                    if self._per_file:
+                        bad_files.update({f: self._relative(f, names) for t, f in meta["progress"] if t == text})
+                    continue
                 parse_progress(body, self._locate(origin))  # raises again, now naming the line
                 raise
 
-        current = exploded.where(F.col("time") >= frontier).select("file", "value", "key", "data", "time", "diff")
+        # A malformed statement (on_invalid: dead_letter) counts for nothing: none of its updates is read.
+        current = exploded.where((F.col("time") >= frontier) & F.col("problem").isNull()).select(
+            "file", "value", "key", "data", "time", "diff"
+        )
         # Duplicates (the same triple in several statements or files) are absorbed here; kept
         # (memory and disk) for the epochs of this run while the files are unchanged.
         distinct = current.select("key", "data", "time", "diff").distinct().persist(StorageLevel.MEMORY_AND_DISK)
@@ -559,7 +609,8 @@ class CdcV2Source(Source):
                 )
             )
             break  # the earliest is the one that stops the run
-        return _Scan(listing, frontier, current, distinct, progress, received, conflicts)
+        bad = dead_letter and (meta["bad"] is not None or bool(bad_progress))
+        return _Scan(listing, frontier, current, distinct, progress, received, conflicts, bad_files, bad_progress, bad)
 
     def _scan_for(self, spark: "SparkSession", frontier: int) -> _Scan | None:
         listing = self._listing()
@@ -604,9 +655,30 @@ class CdcV2Source(Source):
                 cap = int(until.get("frontier", START))
                 limit = cap if limit is None else min(limit, cap)
         plan = plan_epoch(frontier, limit, received, max_documents)
+        if plan is None and problems:
+            raise self._error(problems[0], checkpoint)
+        # on_invalid: dead_letter: the malformed statements not set aside by an earlier epoch.
+        rejected, rejected_count, set_aside = self._dead_letters(spark, scan, checkpoint, until)
         if plan is None:
-            if problems:
-                raise self._error(problems[0], checkpoint)
+            if rejected_count:
+                # No complete time, but statements to set aside: an epoch of dead letters only,
+                # so they land now (and a time waiting for a corrected statement is visible).
+                return SourceBatch(
+                    documents=spark.range(0).select(
+                        *[F.lit(None).alias(k) for k in self.binding.key], F.lit("u").alias(OP), F.lit(0).cast("long").alias(SEQ)
+                    ),
+                    checkpoint={"frontier": frontier, **set_aside},
+                    count=0,
+                    description=f"no complete time at frontier {frontier} of {self.label}; "
+                    f"{rejected_count} malformed statement(s) set aside as dead letters",
+                    rejected=rejected,
+                    rejected_count=rejected_count,
+                )
+            if scan.bad and tracking.complete is not None and (tracking.progress is None or tracking.complete < tracking.progress):
+                log.warning(
+                    "%s: waiting at frontier %s; malformed statements were set aside as dead letters: a time whose "
+                    "count needs their updates completes once corrected statements arrive", self.label, frontier,
+                )
             if tracking.progress == frontier and scan.progress and min(p.lower for p in scan.progress) > frontier:
                 # Not an error (the statement may still arrive), but a writer whose times start
                 # above 0 would wait forever: say so.
@@ -660,13 +732,65 @@ class CdcV2Source(Source):
         first, end = plan.times[0], plan.frontier
         return SourceBatch(
             documents=_dataframe(spark, spool_uri),
-            checkpoint={"frontier": end},
+            checkpoint={"frontier": end, **set_aside},
             count=plan.count,
             description=(
                 f"{_span(first, last)} of {self.label}, "
                 f"frontier {frontier} -> {'end' if end is None else end}"
+                + (f"; {rejected_count} malformed statement(s) set aside as dead letters" if rejected_count else "")
             ),
+            rejected=rejected,
+            rejected_count=rejected_count,
         )
+
+    # --- dead letters ---
+
+    def _dead_letters(
+        self, spark: "SparkSession", scan: _Scan, checkpoint: dict[str, Any] | None, until: dict[str, Any] | None
+    ) -> "tuple[DataFrame | None, int, dict[str, Any]]":
+        """``on_invalid: dead_letter``: the malformed statements this epoch sets aside (``source``,
+        ``line``, ``reason``, ``document``), their number, and what the checkpoint keeps of them.
+
+        The files are read again by every epoch, so a statement is set aside by the first epoch
+        that reads its file: the checkpoint's ``dead_lettered`` names the files whose malformed
+        statements are in the dead-letter table (few: only files holding one), and a file is
+        immutable once it appears (see the docs). Only those files are read again, numbered."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        done = sorted((checkpoint or {}).get("dead_lettered") or [])
+        kept = {"dead_lettered": done} if done else {}
+        new = {uri: name for uri, name in scan.bad_files.items() if name not in done}
+        if until is not None:
+            # recover: exactly the files the committed epoch set aside.
+            new = {uri: name for uri, name in new.items() if name in (until.get("dead_lettered") or [])}
+        if not new:
+            return None, 0, kept
+        store = self._store()
+        path = F.col("_metadata.file_path")
+        raw = spark.read.text([store.spark_path(n) for n in sorted(set(new.values()))]).select(
+            "value", path.alias("file"), F.col("_metadata.file_block_start").alias("block"), F.monotonically_increasing_id().alias("row")
+        )
+        # Numbered as the error path numbers them (blank lines counted), one file per window.
+        lines = raw.select(
+            "value", "file", F.row_number().over(Window.partitionBy("file").orderBy("block", "row")).alias("line")
+        ).where(F.trim("value") != "")
+        rejected = self._rejected(self._statements(lines), scan).select(
+            _lookup({uri: f"{store.uri.rstrip('/')}/{name}" for uri, name in new.items()}, F.col("file")).alias("source"),
+            F.col("line").cast("long").alias("line"),
+            F.col("reason"),
+            F.col("value").alias("document"),
+        )
+        count = rejected.count()
+        return (rejected if count else None), count, {"dead_lettered": sorted(set(done) | set(new.values()))}
+
+    @staticmethod
+    def _rejected(checked: "DataFrame", scan: _Scan) -> "DataFrame":
+        """The malformed statements of ``checked`` (a :meth:`_statements` DataFrame) with their ``reason``."""
+        from pyspark.sql import functions as F
+
+        reason = F.coalesce(F.col("problem"), _lookup(scan.bad_progress, F.col("value")))
+        return checked.where(reason.isNotNull()).withColumn("reason", reason)
 
     def _key_text(self, key_json: str) -> str:
         try:
@@ -700,6 +824,15 @@ class CdcV2Source(Source):
                 "(last changed by {0}), but a table holds one row per key"
             )
         return self._error(Problem(int(bad["t"]), what, origins), checkpoint)
+
+
+def _lookup(mapping: Mapping[str, str], key: "Column") -> "Column":
+    """``mapping[key]`` as a Spark expression (NULL where absent; a few entries, never rows)."""
+    from pyspark.sql import functions as F
+
+    if not mapping:
+        return F.lit(None).cast("string")
+    return F.create_map(*[F.lit(x) for k, v in sorted(mapping.items()) for x in (k, v)])[key]
 
 
 def _span(first: int, last: int) -> str:

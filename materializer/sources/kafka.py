@@ -234,6 +234,55 @@ def compaction_risks(
     return out
 
 
+@dataclass(frozen=True)
+class CompactionLag:
+    """How old a compacted partition's first unread record is, beside the topic's
+    ``delete.retention.ms``: past the window, deletes the pipeline has not read may be gone."""
+
+    topic: str
+    partition: int
+    offset: int
+    """The first unread record (the position the pipeline reads next)."""
+    oldest_unread_ms: int
+    """Its age when looked at."""
+    delete_retention_ms: int
+
+    @property
+    def margin_ms(self) -> int:
+        """Time left before the window passes (negative: already past)."""
+        return self.delete_retention_ms - self.oldest_unread_ms
+
+    def describe(self) -> str:
+        state = "PAST" if self.margin_ms < 0 else f"{100 * self.oldest_unread_ms // max(self.delete_retention_ms, 1)}% of"
+        return (
+            f"compacted {self.topic}/{self.partition}: oldest unread record (offset {self.offset}) is "
+            f"{_age(self.oldest_unread_ms)} old, {state} delete.retention.ms {_duration(self.delete_retention_ms)}"
+        )
+
+
+def compaction_lags(
+    positions: dict[Partition, int], watermarks: dict[Partition, tuple[int, int]], compacted: dict[str, int],
+    timestamps: dict[Partition, int], now_ms: int,
+) -> list[CompactionLag]:
+    """Per partition of a compacted topic with records still to read, how old the first of them is
+    beside the window, the nearest to its window first (a caught-up partition has no lag)."""
+    out = []
+    for partition, position in sorted(positions.items()):
+        window = compacted.get(partition[0])
+        if window is None or partition not in watermarks or position >= watermarks[partition][1] or partition not in timestamps:
+            continue
+        out.append(CompactionLag(partition[0], partition[1], position, max(now_ms - timestamps[partition], 0), window))
+    return sorted(out, key=lambda lag: (lag.margin_ms, lag.topic, lag.partition))
+
+
+def _age(ms: int) -> str:
+    if ms >= 3_600_000:
+        return f"{ms / 3_600_000:.1f} h"
+    if ms >= 60_000:
+        return f"{ms // 60_000} min"
+    return f"{ms / 1000:.0f} s" if ms >= 1000 else f"{ms} ms"
+
+
 def _duration(ms: int) -> str:
     if ms % 3_600_000 == 0:
         return f"{ms} ms ({ms // 3_600_000} h)"
@@ -295,6 +344,35 @@ class Offsets:
         # offset, not the high watermark: records past it are not readable yet.
         self.read_committed = read_committed
         self.admin = AdminClient({**client_options, "bootstrap.servers": bootstrap})
+        self._client = {**client_options, "bootstrap.servers": bootstrap}
+
+    def timestamps_at(self, offsets: dict[Partition, int], timeout: float = 15) -> dict[Partition, int]:
+        """The timestamp (ms) of the first record at or after each offset (what a reader starting
+        there reads first; absent: none came within ``timeout``). One consumer, one record per
+        partition: never the records themselves beyond their timestamps."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if not offsets:
+            return {}
+        consumer = Consumer({
+            **self._client, "group.id": "materializer-lag-probe", "enable.auto.commit": False,
+            "isolation.level": "read_committed" if self.read_committed else "read_uncommitted",
+        })
+        found: dict[Partition, int] = {}
+        try:
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())])
+            deadline = time.monotonic() + timeout
+            while len(found) < len(offsets) and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None or message.error() is not None:
+                    continue
+                partition = (message.topic(), message.partition())
+                if partition in offsets and partition not in found:
+                    found[partition] = int(message.timestamp()[1])
+                    consumer.pause([TopicPartition(*partition)])
+        finally:
+            consumer.close()
+        return found
 
     def watermarks(self, topics: list[str], timeout: float = 30) -> dict[Partition, tuple[int, int]]:
         from confluent_kafka import KafkaException
@@ -447,6 +525,31 @@ class KafkaSource(Source):
             )
             plan.compaction[(topic, partition)] = offset
 
+    def compaction_lag(self, positions: dict[Partition, int]) -> list[CompactionLag]:
+        """The lag beside the compaction window of every compacted partition with records left
+        after ``positions`` (the first unread ones); empty when no topic is compacted."""
+        offsets = self.offsets()
+        compacted = offsets.compacted(self.topics)
+        if not compacted:
+            return []
+        watermarks = offsets.watermarks(sorted(compacted))
+        unread = {p: o for p, o in positions.items() if p[0] in compacted and p in watermarks and o < watermarks[p][1]}
+        now = int(time.time() * 1000)
+        return compaction_lags(unread, watermarks, compacted, offsets.timestamps_at(unread), now)
+
+    def lag(self, plan: Plan, positions: dict[Partition, int] | None = None) -> tuple[dict[str, int], str]:
+        """A batch's ``lag`` (records left; with a compacted topic, the nearest-to-its-window
+        partition's ``oldest_unread_ms`` and ``delete_retention_ms``) and words for its description."""
+        lag = {"records": plan.lag}
+        lags = self.compaction_lag(plan.positions if positions is None else positions)
+        if not lags:
+            return lag, ""
+        worst = lags[0]
+        lag.update(oldest_unread_ms=worst.oldest_unread_ms, delete_retention_ms=worst.delete_retention_ms)
+        if worst.margin_ms < worst.delete_retention_ms // 5:
+            log.warning("%s: %s: run the pipeline more often, or raise max_records or delete.retention.ms", self.where, worst.describe())
+        return lag, f"; {worst.describe()}"
+
     def declared_schema(self, spark: "SparkSession") -> "StructType | None":
         ddl = self.binding.source.schema_ddl
         if self._declared is None and ddl is not None:
@@ -555,15 +658,16 @@ class KafkaSource(Source):
                 f"; read PAST delete.retention.ms of compacted {_offsets_text(plan.compaction)}: deletes may be lost "
                 "(on_data_loss: skip)"
             )
+        lag, words = self.lag(plan)
         return SourceBatch(
             documents=reader.rows(parsed, schema),
             rejected=rejected,
             rejected_count=reader.bad,
             checkpoint=plan.checkpoint(),
             count=count,
-            description=description,
+            description=description + words,
             explain=reader.explain,
-            lag={"records": plan.lag},
+            lag=lag,
         )
 
     def records(self, spark: "SparkSession", plan: Plan, raw_columns: bool = False) -> "DataFrame":

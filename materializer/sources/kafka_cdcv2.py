@@ -47,6 +47,8 @@ _FOREVER = sys.maxsize
 class KafkaCdcV2Source(CdcV2Source):
     """CDC v2 statements from a topic; see the module docstring."""
 
+    _per_file = False
+
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         super().__init__(binding, spool)
         self.kafka = KafkaSource(binding, spool)
@@ -98,6 +100,8 @@ class KafkaCdcV2Source(CdcV2Source):
                 F.col(f"{SEQ}.topic").alias("topic"),
                 F.col(f"{SEQ}.partition").alias("partition"),
                 F.col(f"{SEQ}.offset").alias("offset"),
+                F.col("key"),
+                F.col("timestamp"),
                 F.concat(
                     F.lit(f"{where} topic "), F.col(f"{SEQ}.topic"), F.lit(" partition "), F.col(f"{SEQ}.partition").cast("string"),
                     F.lit(" offset "), F.col(f"{SEQ}.offset").cast("string"),
@@ -118,6 +122,28 @@ class KafkaCdcV2Source(CdcV2Source):
         if self._records is not None:
             self._records.unpersist()
         self._scan, self._records = None, None
+
+    def _dead_letters(
+        self, spark: "SparkSession", scan: _Scan, checkpoint: dict[str, Any] | None, until: dict[str, Any] | None
+    ) -> "tuple[DataFrame | None, int, dict[str, Any]]":
+        """``on_invalid: dead_letter``: the malformed records this epoch sets aside, as the kafka
+        source's dead letters are (``source``, ``topic``, ``partition``, ``offset``, ``timestamp``,
+        ``key``, ``reason``, ``value``). Readings overlap (each starts at the first record still
+        needed), so a record is set aside by the epoch whose reading first reached it: at or after
+        where the previous epoch's reading ended (the checkpoint's ``read``); the checkpoint needs
+        nothing more."""
+        from pyspark.sql import functions as F
+
+        if not scan.bad or self._records is None:
+            return None, 0, {}
+        seen = F.lit(False)
+        for (topic, partition), end in sorted(positions_of({"offsets": (checkpoint or {}).get("read") or {}}).items()):
+            seen = seen | ((F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < end))
+        rejected = self._rejected(self._statements(self._records.where(~seen)), scan).select(
+            F.lit(self.kafka.where).alias("source"), "topic", "partition", "offset", "timestamp", "key", "reason", "value"
+        )
+        count = rejected.count()
+        return (rejected if count else None), count, {}
 
     # --- epochs ---
 
@@ -166,8 +192,10 @@ class KafkaCdcV2Source(CdcV2Source):
                 f"{self.label}: re-reading the epoch ends at {batch.checkpoint}, but it ended at {until}: the "
                 "epoch cannot be re-staged exactly. Restore its staged file from a backup."
             )
-        batch.description += f" ({self._plan.records} records read)"
-        batch.lag = {"records": self._plan.lag}
+        # The oldest record still needed is the one a compaction window threatens.
+        lag, words = self.kafka.lag(self._plan, positions_of({"offsets": batch.checkpoint["offsets"]}))
+        batch.description += f" ({self._plan.records} records read){words}"
+        batch.lag = lag
         return batch
 
     def _needed_from(self, frontier: int | None) -> dict[Partition, int]:

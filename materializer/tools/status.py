@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Union
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from materializer.config import PipelineConfig
 from materializer.delta import TableState, read_txn_without_spark, table_state
@@ -27,6 +27,11 @@ class TableStatus:
     staged_pending: list[str]
     agrees: bool
     note: str = ""
+    compaction: list[dict[str, Any]] = field(default_factory=list)
+    """Kafka, compacted topics: per partition with records left, how old the first unread record
+    is beside ``delete.retention.ms`` (``CompactionLag``), the nearest to its window first."""
+    compaction_note: str = ""
+    """The same in words, or why it is unknown (the brokers did not answer)."""
 
 
 @dataclass
@@ -112,7 +117,24 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
             agrees, note = False, (
                 f"table records epoch {recorded} for the pipeline but the log ends at {state.last_epoch}"
             )
+        runtime = (state.last_commit.runtime_checkpoint or {}).get(binding.name) if state.last_commit else None
+        lags, words = _compaction(binding, runtime)
         status.tables.append(
-            TableStatus(binding.name, str(table), ts.exists, ts.version, ts.txn_version, pending, agrees, note)
+            TableStatus(binding.name, str(table), ts.exists, ts.version, ts.txn_version, pending, agrees, note, lags, words)
         )
     return status
+
+
+def _compaction(binding: Any, checkpoint: Any) -> tuple[list[dict[str, Any]], str]:
+    """A kafka binding's lag beside its compacted topics' ``delete.retention.ms``, from where the
+    last committed epoch left it (docs: 'Compacted topics')."""
+    if binding.source.format != "kafka" or not checkpoint:
+        return [], ""
+    from materializer.errors import MaterializerError
+    from materializer.sources.kafka import KafkaSource, positions_of
+
+    try:
+        lags = KafkaSource(binding, None).compaction_lag(positions_of(checkpoint))  # type: ignore[arg-type]
+    except MaterializerError as exc:
+        return [], f"compaction lag unknown: {exc}"
+    return [asdict(lag) | {"margin_ms": lag.margin_ms} for lag in lags], "; ".join(lag.describe() for lag in lags)
