@@ -11,6 +11,13 @@ Every test belongs to one tier, chosen from what it uses, so nobody has to remem
 the unit-tier guard below fail a test that starts a JVM its markers do not admit, so a test
 cannot slip into the wrong tier. Tiers: ``pytest -m "not spark and not subprocess"`` (unit),
 ``pytest -m "spark and not subprocess"`` (in-process), ``pytest -m subprocess``.
+
+Runs (docs/tests.md has their times): the **quick default** ``pytest`` leaves out ``slow``, ``drill``
+and ``long`` (pyproject's addopts); the **full** run, CI's, is ``pytest -m "not drill and not long"``
+(a ``-m`` on the command line replaces addopts'); ``pytest -m "drill or long"`` the rest. ``slow`` is
+written on a test (the quick run keeps at least one integration test of each module, one SIGKILL of
+the CLI, one Connect and one Kafka round trip) and added here to every case but the first of a
+parametrised integration test.
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # fixture may take the Connect session by getfixturevalue, out of sight of fixturenames).
         if any(item.get_closest_marker(m) for m in ("crash", "connect", "kafka")) and not item.get_closest_marker("subprocess"):
             item.add_marker("subprocess")
+        # The quick default run takes a parametrised integration test's first case; its other cases
+        # are `slow` (the full run has them all): one JVM-backed check per behaviour, not per input.
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(item.get_closest_marker(m) for m in JVM_TIERS):
+            if any(index != 0 for index in callspec.indices.values()) and not item.get_closest_marker("slow"):
+                item.add_marker("slow")
         # Under pytest-xdist (`-n 2 --dist loadgroup`, optional: docs/tests.md) each worker is a process
         # with its own SparkSession and session fixtures: the tests of the Connect server, and those
         # of the broker, go to one worker each (one server, one broker); the others go by file (a

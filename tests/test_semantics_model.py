@@ -236,6 +236,7 @@ def _keep(extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> None:
     (folder / f"{uuid.uuid4().hex[:8]}.json").write_text(json.dumps({"options": extra, "epochs": epochs}, indent=1))
 
 
+@pytest.mark.slow
 def test_pipeline_tables_equal_the_model(spark: Any, tmp_path: Path) -> None:
     _property(spark, tmp_path, EXAMPLES, KEYS)
 
@@ -285,6 +286,7 @@ def test_regressions_equal_the_model(spark: Any, tmp_path: Path, why: str, extra
 # --- killed while applying: real SIGKILLs, then the model again ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
