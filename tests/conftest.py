@@ -17,7 +17,8 @@ and ``long`` (pyproject's addopts); the **full** run, CI's, is ``pytest -m "not 
 (a ``-m`` on the command line replaces addopts'); ``pytest -m "drill or long"`` the rest. ``slow`` is
 written on a test (the quick run keeps at least one integration test of each module, one SIGKILL of
 the CLI, one Connect and one Kafka round trip) and added here to every case but the first of a
-parametrised integration test.
+parametrised integration test. Every JVM the tests start through spark-submit gets the test-only
+options ``TEST_JVM_OPTIONS`` below.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ from tests import helpers
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# Test-only JVM options for every JVM the tests start through spark-submit: the shared in-process
+# session, each CLI subprocess (run_cli inherits this environment), the Connect server; the Kafka
+# broker sets the same itself (tests/kafka_broker.py). The tests' JVMs live seconds to minutes on
+# tiny data: C1 alone compiles what they run sooner and at a fraction of C2's CPU, which two cores
+# shared with Spark's own threads feel; the serial collector spares the parallel one's threads on
+# small heaps. Users' JVMs keep the JDK's defaults (materializer/spark.py sets none of these). A
+# developer's own SPARK_SUBMIT_OPTS wins; MATERIALIZER_TEST_JVM_OPTIONS="" turns them off (to compare).
+TEST_JVM_OPTIONS = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+if TEST_JVM_OPTIONS:
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)  # the driver JVM spark-submit starts
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM before it
 
 # fixture -> markers it implies
 FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
