@@ -5,7 +5,7 @@ the model's.
 One drawn example is one binding's options and many independent histories (one key each), cut
 into a few epochs: the pipeline runs them through a few MERGEs on the shared SparkSession, so
 thousands of histories cost a few dozen MERGEs. ``MATERIALIZER_MODEL_EXAMPLES`` sets how many
-examples the default run draws (``pytest -m long`` draws ten times as many keys and examples).
+examples the full run draws (a `slow` test; ``pytest -m long`` draws ten times as many keys and examples).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def _assert_equals_model(spark: Any, binding: Any, table: Path, epochs: list[lis
 
 EXAMPLES = int(os.environ.get("MATERIALIZER_MODEL_EXAMPLES", "12"))
 KEYS = 170
-"""Histories per example: 12 examples x 170 keys = 2,040 histories in the default run."""
+"""Histories per example: 12 examples x 170 keys = 2,040 histories in the full run."""
 
 
 def _property(spark: Any, tmp_path: Path, examples: int, keys: int) -> None:
