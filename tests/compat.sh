@@ -16,7 +16,8 @@ VENV=${COMPAT_VENV:-$HOME/.cache/materializer/venv-pyspark-$PYSPARK}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q -e '.[connect]' "pyspark==$PYSPARK" "delta-spark==$DELTA" "pytest>=8" "hypothesis>=6.100"
 "$VENV/bin/python" -c "import pyspark, materializer.spark as s; print('pyspark', pyspark.__version__, '->', s.delta_package())"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+# -m: the full run's selection (the quick default one leaves out the `slow` tests named here).
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not drill and not long" \
   tests/test_txn_version.py tests/test_connect.py \
   "tests/test_pipeline.py::test_tables_equal_the_oracle_with_one_commit_per_epoch" \
   "tests/test_pipeline.py::test_reapplying_an_applied_epoch_is_skipped_by_delta" \

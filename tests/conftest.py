@@ -11,6 +11,14 @@ Every test belongs to one tier, chosen from what it uses, so nobody has to remem
 the unit-tier guard below fail a test that starts a JVM its markers do not admit, so a test
 cannot slip into the wrong tier. Tiers: ``pytest -m "not spark and not subprocess"`` (unit),
 ``pytest -m "spark and not subprocess"`` (in-process), ``pytest -m subprocess``.
+
+Runs (docs/tests.md has their times): the **quick default** ``pytest`` leaves out ``slow``, ``drill``
+and ``long`` (pyproject's addopts); the **full** run, CI's, is ``pytest -m "not drill and not long"``
+(a ``-m`` on the command line replaces addopts'); ``pytest -m "drill or long"`` the rest. ``slow`` is
+written on a test (the quick run keeps at least one integration test of each module, one SIGKILL of
+the CLI, one Connect and one Kafka round trip) and added here to every case but the first of a
+parametrised integration test. Every JVM the tests start through spark-submit gets the test-only
+options ``TEST_JVM_OPTIONS`` below.
 """
 
 from __future__ import annotations
@@ -28,6 +36,18 @@ from tests import helpers
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# Test-only JVM options for every JVM the tests start through spark-submit: the shared in-process
+# session, each CLI subprocess (run_cli inherits this environment), the Connect server; the Kafka
+# broker sets the same itself (tests/kafka_broker.py). The tests' JVMs live seconds to minutes on
+# tiny data: C1 alone compiles what they run sooner and at a fraction of C2's CPU, which two cores
+# shared with Spark's own threads feel; the serial collector spares the parallel one's threads on
+# small heaps. Users' JVMs keep the JDK's defaults (materializer/spark.py sets none of these). A
+# developer's own SPARK_SUBMIT_OPTS wins; MATERIALIZER_TEST_JVM_OPTIONS="" turns them off (to compare).
+TEST_JVM_OPTIONS = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+if TEST_JVM_OPTIONS:
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)  # the driver JVM spark-submit starts
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM before it
 
 # fixture -> markers it implies
 FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
@@ -52,6 +72,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # fixture may take the Connect session by getfixturevalue, out of sight of fixturenames).
         if any(item.get_closest_marker(m) for m in ("crash", "connect", "kafka")) and not item.get_closest_marker("subprocess"):
             item.add_marker("subprocess")
+        # The quick default run takes a parametrised integration test's first case; its other cases
+        # are `slow` (the full run has them all): one JVM-backed check per behaviour, not per input.
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(item.get_closest_marker(m) for m in JVM_TIERS):
+            if any(index != 0 for index in callspec.indices.values()) and not item.get_closest_marker("slow"):
+                item.add_marker("slow")
         # Under pytest-xdist (`-n 2 --dist loadgroup`, optional: docs/tests.md) each worker is a process
         # with its own SparkSession and session fixtures: the tests of the Connect server, and those
         # of the broker, go to one worker each (one server, one broker); the others go by file (a

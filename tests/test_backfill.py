@@ -50,6 +50,7 @@ def _history(spark: Any, table: Path) -> list[Any]:
     return spark.sql(f"DESCRIBE HISTORY delta.`{table}`").orderBy("version").collect()
 
 
+@pytest.mark.slow
 def test_a_truncating_backfill_rewrites_one_binding_once_and_leaves_the_other_alone(spark: Any, tmp_path: Path) -> None:
     _sources(tmp_path)
     config = _config(tmp_path)
@@ -79,6 +80,7 @@ def test_a_standard_backfill_repairs_rows_lost_from_the_table(spark: Any, tmp_pa
     assert _events(spark, tmp_path) == ALL_EVENTS
 
 
+@pytest.mark.slow
 def test_backfill_from_a_file_reads_that_file_and_the_later_ones(spark: Any, tmp_path: Path) -> None:
     _sources(tmp_path)
     config = _config(tmp_path)

@@ -296,6 +296,7 @@ def _pipeline(tmp: Path, source: Path, max_documents: int, pipeline_id: str = "c
     )
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_the_seeds_example_round_trips(spark: Any, tmp_path: Path) -> None:
     # Seed 002: record0 twice at time0; record1 -> record2 at time1; record0 and record2 at time2.
@@ -373,6 +374,7 @@ def check_mangled_history(
     assert _table(spark, tmp / "table") == oracle(updates, upper)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
 @given(
@@ -434,6 +436,7 @@ def test_corrupt_input_stops_at_its_time_naming_file_and_statement(spark: Any, t
     assert table_rows(spark, tmp_path / "table", ["id"]) == {(1,): b, (2,): c}
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_ambiguous_keys_and_malformed_statements_are_errors(spark: Any, tmp_path: Path) -> None:
     source = tmp_path / "src"
@@ -466,6 +469,7 @@ def test_ambiguous_keys_and_malformed_statements_are_errors(spark: Any, tmp_path
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_crash_mid_apply_then_rerun(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from materializer.config import load_config

@@ -150,6 +150,7 @@ sys.addaudithook(_hook)
 """
 
 
+@pytest.mark.slow
 def test_pipeline_on_a_standalone_cluster_equals_the_oracle(spark: Any, cluster: Cluster, tmp_path: Path) -> None:
     source = tmp_path / "source"
     write_jsonl(source / "orders-001.jsonl", [{"id": i, "status": "new", "total": i * 10} for i in range(1, 9)])

@@ -29,6 +29,7 @@ def test_columns_and_except_columns_choose_what_lands(spark: Any, tmp_path: Path
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 def test_ignore_null_updates_keeps_stored_values_until_a_delete(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [{"id": 1, "a": 1, "b": 1}, {"id": 2, "a": 1, "b": 1}, {"id": 3, "a": 1, "b": 1}])
@@ -45,6 +46,7 @@ def test_ignore_null_updates_keeps_stored_values_until_a_delete(spark: Any, tmp_
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 def test_ignore_null_updates_with_sequence_by_ignores_late_values(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [{"id": 1, "a": 1, "b": 1, "ts": 10}])
@@ -82,6 +84,7 @@ def test_soft_delete_marks_rows_and_an_upsert_clears_the_mark(spark: Any, tmp_pa
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 def test_soft_delete_with_sequence_by_keeps_late_upserts_out(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [{"id": 1, "v": 1, "ts": 1}, {"id": 2, "ts": 5, "_meta": {"op": "d"}}])
@@ -93,6 +96,7 @@ def test_soft_delete_with_sequence_by_keeps_late_upserts_out(spark: Any, tmp_pat
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 def test_delete_when_on_fields_an_epoch_lacks_is_no_delete(spark: Any, tmp_path: Path) -> None:
     """A field delete_when names that no document of the epoch carries (at the top, or inside a
     struct that is there, or a whole path) reads as NULL: not a delete, and no stuck epoch."""
@@ -115,6 +119,7 @@ def test_delete_when_on_fields_an_epoch_lacks_is_no_delete(spark: Any, tmp_path:
     assert sorted(r["id"] for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()) == [3, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "doc, condition, message",
     [

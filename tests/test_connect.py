@@ -86,6 +86,7 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
     assert table_state(spark, TableRef(str(tmp_path / "tables" / "items")), config.pipeline_id).version == version
 
 
+@pytest.mark.slow
 def test_a_forced_replay_merge_is_skipped_by_delta_and_the_txn_confs_stay_in_the_apply_session(
     connect_spark: Any, tmp_path: Path
 ) -> None:
@@ -117,6 +118,7 @@ def test_a_forced_replay_merge_is_skipped_by_delta_and_the_txn_confs_stay_in_the
     assert (999,) not in table_rows(spark, tmp_path / "tables" / "items", ["id"])
 
 
+@pytest.mark.slow
 def test_reductions_with_loads(connect_spark: Any, tmp_path: Path) -> None:
     spark = connect_spark
     docs = [{"counter": f"c{i % 3}", "n": i, "hits": 1} for i in range(12)]
@@ -138,6 +140,7 @@ def test_reductions_with_loads(connect_spark: Any, tmp_path: Path) -> None:
     assert epochs(spark, tmp_path / "counters") == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_cli_on_connect_killed_mid_merge_restarts_to_the_oracle(
     connect_server: ConnectServer, connect_spark: Any, tmp_path: Path

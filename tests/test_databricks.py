@@ -110,6 +110,7 @@ def test_the_bundles_task_runs_on_the_active_session_into_a_catalog_table(
         spark.sql(f"DROP TABLE IF EXISTS {table}")
 
 
+@pytest.mark.slow
 def test_bad_task_parameters_fail_the_task_with_the_config_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "argv", ["materializer_job", "--no-such-flag"])
     with pytest.raises(SystemExit) as info:

@@ -77,6 +77,7 @@ def test_bad_lines_land_in_the_dead_letter_table_with_file_line_reason_and_epoch
     assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,), (3,)]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_value_that_does_not_fit_the_declared_schema_is_dead_lettered_and_fail_still_stops(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
@@ -91,6 +92,7 @@ def test_a_value_that_does_not_fit_the_declared_schema_is_dead_lettered_and_fail
     assert [(f, line) for _b, _e, f, line, _r, _d in dead] == [("a.jsonl", 2)] and "field 'n'" in dead[0][4]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "cut",

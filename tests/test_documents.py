@@ -169,6 +169,7 @@ def test_a_bad_document_names_file_and_line(spark: Any, tmp_path: Path, line: st
     assert not (tmp_path / "staging").exists()  # nothing spooled or staged
 
 
+@pytest.mark.slow
 def test_a_string_beyond_sparks_limit_is_refused_not_dropped(spark: Any, tmp_path: Path) -> None:
     # Spark's JSON parser refuses strings over 20 MB: the previous version's reader dropped the row.
     write(tmp_path / "src" / "a.jsonl", ['{"id": 1}', '{"id": 2, "s": "' + "x" * 21_000_000 + '"}', '{"id": 3}'])
@@ -176,6 +177,7 @@ def test_a_string_beyond_sparks_limit_is_refused_not_dropped(spark: Any, tmp_pat
         source(tmp_path).next_batch(spark, None, 100, "x")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("lines", "bad", "message"),
     [
@@ -215,6 +217,7 @@ def test_types_are_inferred_as_json_inference_did_and_a_null_field_carries_no_ty
     assert rows[1]["big"] == 123456789012345678901234 and rows[2]["x"] == 2.0
 
 
+@pytest.mark.slow
 def test_one_value_per_line_keeps_nested_documents_braces_in_strings_and_whitespace(spark: Any, tmp_path: Path) -> None:
     # The check for text after a document's value (materializer.sources.json_text) parses the
     # lines that are not flat objects again: none of these may be refused or altered by it.
@@ -228,6 +231,7 @@ def test_one_value_per_line_keeps_nested_documents_braces_in_strings_and_whitesp
     assert rows[1]["s"] == "}{ x, ]" and rows[2]["o"]["a"] == ["x", "]"] and rows[3]["_op"] == "d" and rows[4]["s"] == "{}"
 
 
+@pytest.mark.slow
 def test_blank_lines_of_any_whitespace_are_skipped_and_still_counted(spark: Any, tmp_path: Path) -> None:
     # A line is blank when it holds only JSON whitespace or \f \v; a line that starts with "{" is
     # never trimmed (the cheap test first). Blank lines are skipped, yet counted in line numbers.
@@ -241,6 +245,7 @@ def test_blank_lines_of_any_whitespace_are_skipped_and_still_counted(spark: Any,
         source(tmp_path).next_batch(spark, batch.checkpoint, 100, "x")
 
 
+@pytest.mark.slow
 def test_distinct_long_keys_stay_distinct(spark: Any, tmp_path: Path) -> None:
     write(tmp_path / "src" / "a.jsonl", ['{"id": 12345678901234567890123456789012345678, "v": 1}', '{"id": 12345678901234567890123456789012345679, "v": 2}'])
     batch = source(tmp_path).next_batch(spark, None, 100, "x")
@@ -283,6 +288,7 @@ def test_last_write_wins_by_file_and_position_however_spark_splits_and_packs(spa
     assert deleted.isdisjoint(expected)
 
 
+@pytest.mark.slow
 def test_the_fold_orders_by_file_and_position_too(spark: Any, tmp_path: Path) -> None:
     from materializer import reductions
 
@@ -301,6 +307,7 @@ def test_the_fold_orders_by_file_and_position_too(spark: Any, tmp_path: Path) ->
     assert [(r["n"], r["last"], r["_op"]) for r in rows] == [(5, 7, "u")]
 
 
+@pytest.mark.slow
 def test_a_previous_versions_checkpoint_resumes_inside_its_file(spark: Any, tmp_path: Path) -> None:
     lines = [json.dumps({"id": i}) for i in range(5)]
     write(tmp_path / "src" / "a.jsonl", lines[:2] + [""] + lines[2:])
@@ -316,6 +323,7 @@ def test_a_previous_versions_checkpoint_resumes_inside_its_file(spark: Any, tmp_
     assert source(tmp_path).next_batch(spark, batch.checkpoint, 3, "x") is None
 
 
+@pytest.mark.slow
 def test_sub_folders_and_temporary_files_are_not_read_and_lag_is_reported(spark: Any, tmp_path: Path) -> None:
     write(tmp_path / "src" / "a.jsonl", ['{"id": 1}'])
     write(tmp_path / "src" / "b.jsonl", ['{"id": 2}'])
@@ -372,6 +380,7 @@ def test_a_declared_schema_refuses_undeclared_fields_and_other_kinds(spark: Any,
     assert f"{tmp_path / 'src' / 'a.jsonl'}:2: {message}" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_declared_schema_takes_nulls_any_json_as_a_string_and_the_delete_marker(spark: Any, tmp_path: Path) -> None:
     write(
         tmp_path / "src" / "a.jsonl",
@@ -389,6 +398,7 @@ def test_a_declared_schema_takes_nulls_any_json_as_a_string_and_the_delete_marke
     assert [r["_op"] for r in rows] == ["u", "u", "d"]
 
 
+@pytest.mark.slow
 def test_a_field_null_in_a_whole_epoch_lands_as_null_in_a_typed_column(spark: Any, tmp_path: Path) -> None:
     from materializer.config import load_config
     from materializer.runtime import Runtime
@@ -405,6 +415,7 @@ def test_a_field_null_in_a_whole_epoch_lands_as_null_in_a_typed_column(spark: An
     assert rows == {1: {"id": 1, "n": None, "o": None}, 2: {"id": 2, "n": None, "o": {"x": None}}, 3: {"id": 3, "n": 7, "o": None}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [("a b.jsonl", "a!b.jsonl"), ("x+1.jsonl", "x,1.jsonl"), ("p%1.jsonl", "p-1.jsonl")])
 def test_last_write_wins_in_name_order_whatever_the_names_encode_to(spark: Any, tmp_path: Path, names: tuple[str, str]) -> None:
     from materializer import reductions

@@ -94,6 +94,7 @@ def test_fast_documents_are_typed_by_from_json_and_the_others_by_the_variant_rou
     assert arrow == variant and arrow[0] == "ok" and arrow[1][0] == 5
 
 
+@pytest.mark.slow
 def test_an_executor_without_msgspec_stops_with_one_paragraph(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from materializer.sources import document_check
 
@@ -248,6 +249,7 @@ def _diff_source(spark: Any, tmp_path: Path) -> Any:
     return src
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(corpus=st.lists(documents(), min_size=20, max_size=120))
 def test_the_arrow_validator_and_the_variant_route_agree(spark: Any, tmp_path_factory: Any, corpus: list[str]) -> None:
@@ -287,6 +289,7 @@ def test_the_arrow_validator_and_the_variant_route_agree(spark: Any, tmp_path_fa
     event(f"the corpus: {variant[0]}")
 
 
+@pytest.mark.slow
 @pytest.mark.connect
 def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """mapInArrow and from_json through a Connect server (as Databricks serverless runs them):
@@ -315,6 +318,7 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     assert {key[0]: row.get("note") for key, row in rows.items()} == {2: "a:b", 5: '{"any":1}'}
 
 
+@pytest.mark.slow
 def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """Spark's verdict is final: were the validator to pass a value from_json cannot read (here
     every document is made fast), the staging job fails (FAILFAST) and the error path names the

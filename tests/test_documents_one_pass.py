@@ -83,6 +83,7 @@ def test_a_deferred_check_counts_and_stages_every_good_document_in_one_parse(spa
     assert rows[1]["_op"] == "d" and rows[2]["note"] == '{"any":1}' and len(rows) == 2
 
 
+@pytest.mark.slow
 def test_a_refused_deferred_epoch_commits_nothing_and_leaves_no_staged_file(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "amount": 1.5}, {"id": 2, "note": "x"}])
@@ -102,6 +103,7 @@ def test_a_refused_deferred_epoch_commits_nothing_and_leaves_no_staged_file(spar
     assert sorted(table_rows(spark, table, ["id"])) == [(1,), (2,), (3,), (4,)]
 
 
+@pytest.mark.slow
 def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark: Any) -> None:
     """kafka's reader reuses these checks (its problem() adds the record's own): without a broker,
     records as the connector gives them."""
@@ -123,6 +125,7 @@ def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark:
         reader.check(reader.parsed(records(['{"id": 1}', '{"a": 2}'])))
 
 
+@pytest.mark.slow
 def test_a_key_declared_string_is_still_refused_as_an_object(spark: Any, tmp_path: Path) -> None:
     # STRING takes any JSON as its text, so neither the cast nor the shape refuses an object key:
     # the staging job's lean checks keep the key rule for it.

@@ -219,6 +219,7 @@ def _assert_clean(data: dict[str, Any]) -> None:
             assert table["recorded_epoch"] == table["expected_epoch"] == rnd["last_epoch"]
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_short_drill_kills_inside_spark_jobs_and_at_random(tmp_path: Path) -> None:
     """The default run's drill: a SIGKILL inside a MERGE's Spark job and inside a load's, chained,
@@ -264,6 +265,7 @@ def test_short_drill_every_point_and_random_kills(tmp_path: Path) -> None:
     assert not (tmp_path / "prod" / "log").exists() and not (tmp_path / "prod" / "tables").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_zombie_is_fenced_and_tables_stay_right(tmp_path: Path) -> None:
     cfg_path = pipeline(tmp_path, files=2)

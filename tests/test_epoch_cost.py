@@ -32,6 +32,7 @@ def test_bounds_compose_into_the_merge_condition_without_touching_the_rest() -> 
     assert bounds_condition(None) == "" and merge_sql("x", "v", ["id"], ["id"]) == merge_sql("x", "v", ["id"], ["id"], "", "")
 
 
+@pytest.mark.slow
 def test_observed_bounds_round_trip_exactly_for_every_bounded_key_type(spark: Any) -> None:
     """Each key type's bounds, turned back into SQL literals, take in exactly the epoch's keys."""
     from pyspark.sql import Observation
@@ -80,6 +81,7 @@ def test_a_merge_skips_the_files_outside_the_epochs_keys(spark: Any, tmp_path: P
     assert {r["id"]: r["v"] for r in low} == {0: 0, 1: 2, 2: 4, 3: 6, 4: 8, 5: -1, 6: 12, 7: -1, 8: 16}
 
 
+@pytest.mark.slow
 def test_a_merge_into_a_created_table_marks_rows_with_deletion_vectors_instead_of_copying_files(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(50)])

@@ -86,6 +86,7 @@ def test_commit_conflicts_are_recognised_by_type_or_error_class_never_by_words()
     assert not is_commit_conflict(Exception("at java.util.concurrent.ThreadPoolExecutor.runWorker: CAST_INVALID_INPUT"))
 
 
+@pytest.mark.slow
 def test_a_failed_cast_in_the_merge_is_not_retried_and_is_reported_as_what_it_is(spark: Any, tmp_path: Path) -> None:
     from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 
@@ -118,6 +119,7 @@ def test_a_failed_cast_in_the_merge_is_not_retried_and_is_reported_as_what_it_is
 # --- 2: two bindings, one table ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_path_and_the_catalog_name_of_one_table_are_refused_before_anything_is_applied(spark: Any, tmp_path: Path) -> None:
     spark.sql("DROP TABLE IF EXISTS holes_same")
     spark.createDataFrame([(0, "seed")], "id long, name string").write.format("delta").saveAsTable("holes_same")
@@ -138,6 +140,7 @@ def test_a_path_and_the_catalog_name_of_one_table_are_refused_before_anything_is
 # --- 3: a table written by another pipeline or binding ------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_new_pipeline_id_over_an_existing_delta_updates_table_is_refused_not_doubled(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(5)])
     table = tmp_path / "tables" / "log"
@@ -187,6 +190,7 @@ def test_a_renamed_binding_is_refused_then_takes_over_its_old_state_with_previou
 # --- 4: no clean-up on a stale view -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_paused_after_its_open_does_not_delete_the_newer_runs_committed_staged_files(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(3)])
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": i, "v": 10 + i} for i in range(2, 6)])
@@ -216,6 +220,7 @@ def test_a_run_paused_after_its_open_does_not_delete_the_newer_runs_committed_st
     }
 
 
+@pytest.mark.slow
 def test_two_pipelines_sharing_a_staging_folder_never_delete_each_others_files(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "a" / "a.jsonl", [{"id": 1, "v": 1}])
     write_jsonl(tmp_path / "b" / "b.jsonl", [{"id": 2, "v": 2}])
@@ -262,6 +267,7 @@ def test_what_the_merge_would_refuse_is_refused_before_commit(spark: Any, tmp_pa
     assert [f for f in files_under(tmp_path / "staging") if "staged" in f.parts] == []
 
 
+@pytest.mark.slow
 def test_rows_breaking_a_check_constraint_or_not_null_are_refused_before_commit(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
     spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, qty BIGINT, name STRING NOT NULL) USING delta")
@@ -283,6 +289,7 @@ def test_rows_breaking_a_check_constraint_or_not_null_are_refused_before_commit(
     assert sorted(table_rows(spark, table, ["id"])) == [(2,), (3,)]
 
 
+@pytest.mark.slow
 def test_a_value_too_big_for_a_narrower_column_is_refused_before_commit(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
     spark.createDataFrame([(1, 1)], "id bigint, n int").write.format("delta").save(str(table))
@@ -294,6 +301,7 @@ def test_a_value_too_big_for_a_narrower_column_is_refused_before_commit(spark: A
     assert last_epoch(config) == 1 and sorted(table_rows(spark, table, ["id"])) == [(1,), (2,)]
 
 
+@pytest.mark.slow
 def test_a_constraint_added_after_commit_is_stuck_status_says_so_and_recover_skips_keeping_the_rows(spark: Any, tmp_path: Path) -> None:
     from materializer.tools.recover import skip_epoch
     from materializer.tools.status import pipeline_status
@@ -330,6 +338,7 @@ def test_a_constraint_added_after_commit_is_stuck_status_says_so_and_recover_ski
 # --- 8: a deleted table -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_deleted_table_is_named_by_status_and_stops_the_run_clearly(spark: Any, tmp_path: Path) -> None:
     from materializer.tools.status import pipeline_status
 
@@ -345,6 +354,7 @@ def test_a_deleted_table_is_named_by_status_and_stops_the_run_clearly(spark: Any
         Runtime(config, spark).run()
 
 
+@pytest.mark.slow
 def test_a_table_deleted_after_its_first_epoch_was_applied_is_not_called_a_damaged_staged_file(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
@@ -374,6 +384,7 @@ def test_temp_files_a_killed_log_commit_left_are_removed_at_the_next_open(spark:
 # --- 10: names are quoted everywhere ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_backticks_and_dots_in_key_and_field_names_are_quoted_through_reduce_stage_and_merge(spark: Any, tmp_path: Path) -> None:
     """The driver and reductions side (the documents source is tested with its own rewrite)."""
     from materializer import reductions
@@ -401,6 +412,7 @@ def test_backticks_and_dots_in_key_and_field_names_are_quoted_through_reduce_sta
     assert rows == {1: {"k`1": 1, "n`x": 9, "v.w": None}, 2: {"k`1": 2, "n`x": 1, "v.w": "c"}}
 
 
+@pytest.mark.slow
 def test_a_key_field_delta_cannot_name_stops_with_a_clear_error(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"the id": 1, "v": 2}])
     config = config_with(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", key=["the id"])])
@@ -409,6 +421,7 @@ def test_a_key_field_delta_cannot_name_stops_with_a_clear_error(spark: Any, tmp_
     assert last_epoch(config) == 0
 
 
+@pytest.mark.slow
 def test_yaml_helper_roundtrips_odd_names(tmp_path: Path) -> None:
     # the config itself carries such names unchanged
     path = write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "t", key=["k`1"])])

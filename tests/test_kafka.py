@@ -192,6 +192,7 @@ def _marks(broker: Broker, topic: str) -> dict[Any, tuple[int, int]]:
     return Offsets(broker.bootstrap, {}, "test").watermarks([topic])
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.crash
@@ -236,6 +237,7 @@ def test_a_kill_in_the_merge_of_the_second_wave_replays_the_same_offsets(spark: 
     assert epochs == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_records_removed_by_retention_and_a_deleted_topic_are_reported(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -274,6 +276,7 @@ def test_records_removed_by_retention_and_a_deleted_topic_are_reported(spark: An
         Runtime(skipping, spark).run()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_bad_record_is_named_by_partition_and_offset_and_nothing_lands(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -288,6 +291,7 @@ def test_a_bad_record_is_named_by_partition_and_offset_and_nothing_lands(spark: 
     assert not (tmp_path / "tables" / "b").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_debezium_change_events_with_and_without_the_schema_envelope(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -321,6 +325,7 @@ def test_debezium_change_events_with_and_without_the_schema_envelope(spark: Any,
     assert "topic dbz partition 0 offset 4: Debezium delete (op 'd') has no 'before' object" in str(caught.value)
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_keys_from_the_message_key_and_tombstones_that_delete_them(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -347,6 +352,7 @@ def test_keys_from_the_message_key_and_tombstones_that_delete_them(spark: Any, b
     assert "offset 6: the record has no key" in str(caught.value)
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -367,6 +373,7 @@ def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: 
     assert any(r[0] == "ours from Kafka rows/s" and r[1] != "-" for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_several_topics_and_where_a_new_pipeline_starts(spark: Any, broker: Broker, tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ def _produce(broker: Broker, topic: str, dealt: list[list[dict[str, Any]]]) -> N
     broker.produce(topic, [(None, json.dumps(s).encode(), p) for p, statements in enumerate(dealt) for s in statements])
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_mangled_history_from_three_partitions_with_a_kill_a_lost_staged_file_and_retention(
@@ -98,6 +99,7 @@ def test_a_mangled_history_from_three_partitions_with_a_kill_a_lost_staged_file_
     assert 2 in epochs and len(epochs) == len(set(epochs))  # the recovered epoch applied, nothing twice
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_malformed_statement_is_named_by_topic_partition_and_offset(spark: Any, broker: Broker, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ def test_only_a_read_partition_of_a_compacted_topic_whose_first_unread_record_is
     assert compaction_risks(known, marks, {"c": 1000}, {("c", 0): -1, ("c", 1): 4}) == {("c", 0): 4}  # none within it
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_delete_the_cleaner_removed_before_it_was_read_stops_the_run_unless_skipping_is_asked(

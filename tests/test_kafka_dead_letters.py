@@ -40,6 +40,7 @@ def _event(op: str, after: Any) -> bytes:
     return json.dumps({"before": None, "after": after, "op": op, "source": {}}).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_cut_short(

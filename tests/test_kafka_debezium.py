@@ -22,6 +22,7 @@ def _event(op: str, before: Any, after: Any, source: Any, envelope: bool = False
     return json.dumps({"schema": {"type": "struct"}, "payload": body} if envelope else body).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_the_source_block_is_under_meta_source_and_the_table_and_its_order_are_unchanged(
@@ -73,6 +74,7 @@ def test_the_source_block_is_under_meta_source_and_the_table_and_its_order_are_u
     assert sorted(spark.read.format("delta").load(str(table)).columns) == ["id", "name"]
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_sequence_by_the_lsn_orders_debezium_changes_across_partitions_and_epochs(

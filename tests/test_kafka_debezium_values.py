@@ -36,6 +36,7 @@ def test_the_placeholder_is_configurable_for_the_debezium_payload_only() -> None
         parse_config(_source(format="kafka", bootstrap_servers="h", topic="a", unavailable_value="?"), "x")
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_placeholders_keep_the_stored_value_and_a_null_envelope_is_a_tombstone(spark: Any, broker: Broker, tmp_path: Path) -> None:
@@ -89,6 +90,7 @@ def test_placeholders_keep_the_stored_value_and_a_null_envelope_is_a_tombstone(s
     assert sorted(spark.read.format("delta").load(str(tables / "toast")).columns) == ["blob", "doc", "id", "n", "name"]
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_placeholder_in_a_key_or_outside_mode_standard_is_refused_naming_the_record(
@@ -158,6 +160,7 @@ def _typed_event(op: str, before: Any, after: Any) -> bytes:
     return json.dumps({"schema": schema, "payload": {"before": before, "after": after, "op": op, "source": {"lsn": 1}}}).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_debezium_types_land_typed_from_the_envelope_or_source_schema_and_a_bad_value_is_refused(

@@ -37,6 +37,7 @@ def test_max_bytes_is_for_kafka_but_not_its_cdcv2_payload() -> None:
         parse_config(_source(format="kafka", bootstrap_servers="h:9092", topic="a", payload="cdcv2", max_bytes=1000), "x")
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_max_bytes_bounds_each_epoch_and_a_record_larger_than_it_still_passes(spark: Any, broker: Broker, tmp_path: Path) -> None:

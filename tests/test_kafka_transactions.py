@@ -49,6 +49,7 @@ def test_the_isolation_level_is_read_committed_unless_read_uncommitted_is_asked(
         parse_config(_source(format="kafka", bootstrap_servers="h:9092", topic="a", options={"kafka.isolation.level": "committed"}), "x")
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.crash
@@ -104,6 +105,7 @@ def test_aborted_and_open_transactions_never_land_and_a_kill_mid_apply_replays_t
     assert epochs == [1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_range_of_only_aborted_records_and_markers_is_an_empty_epoch_for_every_payload(

@@ -80,6 +80,7 @@ def test_partition_by_and_properties_are_set_by_the_first_epochs_tagged_commit(s
     assert {k[0]: r["qty"] for k, r in table_rows(spark, table, ["id"]).items()} == {1: 5, 2: 2, 3: 3}
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_cluster_by_creates_a_liquid_clustered_table_and_deletion_vectors_can_be_turned_off(spark: Any, tmp_path: Path) -> None:
     from deltalake import DeltaTable
@@ -97,6 +98,7 @@ def test_cluster_by_creates_a_liquid_clustered_table_and_deletion_vectors_can_be
     assert spark.sql(f"DESCRIBE DETAIL delta.`{table}`").collect()[0]["clusteringColumns"] == ["at", "id"]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_layout_column_the_first_epoch_lacks_is_refused_before_commit(spark: Any, tmp_path: Path) -> None:
     from materializer.errors import SourceError
@@ -127,6 +129,7 @@ def test_a_table_with_a_txn_retention_or_another_layout_is_refused_before_anythi
     assert table_rows(spark, table, ["id"]) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_session_default_txn_retention_is_refused(spark: Any, tmp_path: Path) -> None:
     from materializer.tables import RETENTION_DEFAULT_CONF
@@ -141,6 +144,7 @@ def test_a_session_default_txn_retention_is_refused(spark: Any, tmp_path: Path) 
         spark.conf.unset(RETENTION_DEFAULT_CONF)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appended_to(spark: Any, tmp_path: Path) -> None:
     """The apply looked (no table), then someone created it: the CREATE fails, nothing is appended."""
@@ -171,6 +175,7 @@ def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appende
     assert table_rows(spark, table, ["id"]) == {(9,): {"id": 9, "v": 9}}
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_applied(spark: Any, tmp_path: Path) -> None:
     """Two runs of one first epoch (a zombie and its successor): the second CREATE loses and skips."""
@@ -208,6 +213,7 @@ def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_app
     assert summary.last_epoch == 1
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_create_killed_before_its_commit_does_not_block_the_first_epoch(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

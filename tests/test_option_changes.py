@@ -175,6 +175,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not (k.startswith("__") and k != "__deleted")}
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_option_changes_apply_by_their_rule_or_are_refused_before_commit(spark: Any, tmp_path: Path) -> None:
     from materializer.runtime import Runtime

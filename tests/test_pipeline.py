@@ -61,6 +61,7 @@ def test_a_second_run_reapplies_nothing_and_adds_no_version(spark: Any, tmp_path
     assert table_state(spark, table, config.pipeline_id).version == before.version
 
 
+@pytest.mark.slow
 def test_reapplying_an_applied_epoch_is_skipped_by_delta(spark: Any, tmp_path: Path) -> None:
     """Even when the staged file is still there, the re-apply makes no Delta commit."""
     from materializer.protocol import Acknowledge
@@ -127,6 +128,7 @@ def test_a_second_writer_fences_the_first(spark: Any, tmp_path: Path) -> None:
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
 
+@pytest.mark.slow
 def test_follow_picks_up_files_that_arrive_later(spark: Any, tmp_path: Path) -> None:
     docs = generate(tmp_path / "src", seed=8, documents=20, keys=8, files=1)
     config = load_config(
@@ -150,6 +152,7 @@ def test_follow_picks_up_files_that_arrive_later(spark: Any, tmp_path: Path) -> 
     assert table_rows(spark, tmp_path / "tables" / "items", ["id"]) == standard_state(docs + later)
 
 
+@pytest.mark.slow
 def test_a_declared_schema_types_the_table_and_a_value_spark_refuses_names_its_line(spark: Any, tmp_path: Path) -> None:
     import datetime
     import decimal
@@ -182,6 +185,7 @@ def test_a_declared_schema_types_the_table_and_a_value_spark_refuses_names_its_l
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file() and "staged" in f.parts] == []
 
 
+@pytest.mark.slow
 def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: Any, tmp_path: Path) -> None:
     import threading
 
@@ -222,6 +226,7 @@ def test_epoch_n_is_applied_while_epoch_n_plus_1_is_read_and_prestaged(spark: An
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
 
+@pytest.mark.slow
 def test_a_bad_line_in_epoch_n_plus_1_stops_the_run_after_epoch_n_is_applied(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(10)])
     (tmp_path / "src" / "b.jsonl").write_text('{"id": 20, "v": 1}\n{"id": 21, "v": \n')
@@ -233,6 +238,7 @@ def test_a_bad_line_in_epoch_n_plus_1_stops_the_run_after_epoch_n_is_applied(spa
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
 
+@pytest.mark.slow
 def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_become_null(spark: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "a": 1, "s": {"x": 1}}, {"id": 2, "a": 2, "s": {"x": 2}}])
     # a new column and a new sub-field, by name (a positional cast would put "deep" into x)
@@ -252,6 +258,7 @@ def test_new_columns_and_struct_sub_fields_evolve_the_table_and_missing_ones_bec
     }
 
 
+@pytest.mark.slow
 def test_an_epoch_staged_by_the_previous_layout_is_applied_after_an_upgrade(spark: Any, tmp_path: Path) -> None:
     """Staged files used to sit at <staging>/staged/…; now at <staging>/<pipeline_id>/staged/….
     An entry committed by the old version and not yet applied must still be applied (not read

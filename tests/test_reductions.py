@@ -218,6 +218,7 @@ SPARK_SETTINGS = dict(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @settings(max_examples=10, **SPARK_SETTINGS)  # type: ignore[arg-type]
 @given(before=st.lists(documents(LOOSE_PROFILE), max_size=8), epoch=st.lists(documents(LOOSE_PROFILE), min_size=1, max_size=8))
@@ -263,6 +264,7 @@ THREE_EPOCHS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @settings(max_examples=2, **SPARK_SETTINGS)  # type: ignore[arg-type]
 @example(docs=THREE_EPOCHS, epoch_size=3)

@@ -67,6 +67,7 @@ def _txn_versions(table: Path, app_id: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_s3_pipeline_killed_mid_apply_finishes_exactly_once(
     spark: Any, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

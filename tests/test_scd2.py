@@ -56,6 +56,7 @@ def test_versions_by_sequence_with_late_changes_and_deletes(spark: Any, tmp_path
     _check(spark, config)
 
 
+@pytest.mark.slow
 def test_without_sequence_the_epoch_starts_a_version(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [{"id": 1, "v": "a"}, {"id": 1, "v": "b"}])
@@ -70,6 +71,7 @@ def test_without_sequence_the_epoch_starts_a_version(spark: Any, tmp_path: Path)
     _check(spark, config)
 
 
+@pytest.mark.slow
 def test_track_history_updates_untracked_fields_in_place(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_jsonl(src / "a.jsonl", [{"id": 1, "v": "a", "note": "n1", "ts": 1}, {"id": 1, "v": "a", "note": "n2", "ts": 2}])
@@ -84,6 +86,7 @@ def test_track_history_updates_untracked_fields_in_place(spark: Any, tmp_path: P
     _check(spark, config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("track", [{}, {"track_history": ["v"]}])
 def test_shuffled_changes_with_late_deletes_and_duplicates_match_the_oracle(spark: Any, tmp_path: Path, track: dict[str, Any]) -> None:
     from tests.test_sequence_crash import changes

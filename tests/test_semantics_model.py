@@ -5,7 +5,7 @@ the model's.
 One drawn example is one binding's options and many independent histories (one key each), cut
 into a few epochs: the pipeline runs them through a few MERGEs on the shared SparkSession, so
 thousands of histories cost a few dozen MERGEs. ``MATERIALIZER_MODEL_EXAMPLES`` sets how many
-examples the default run draws (``pytest -m long`` draws ten times as many keys and examples).
+examples the full run draws (a `slow` test; ``pytest -m long`` draws ten times as many keys and examples).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def _assert_equals_model(spark: Any, binding: Any, table: Path, epochs: list[lis
 
 EXAMPLES = int(os.environ.get("MATERIALIZER_MODEL_EXAMPLES", "12"))
 KEYS = 170
-"""Histories per example: 12 examples x 170 keys = 2,040 histories in the default run."""
+"""Histories per example: 12 examples x 170 keys = 2,040 histories in the full run."""
 
 
 def _property(spark: Any, tmp_path: Path, examples: int, keys: int) -> None:
@@ -236,6 +236,7 @@ def _keep(extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> None:
     (folder / f"{uuid.uuid4().hex[:8]}.json").write_text(json.dumps({"options": extra, "epochs": epochs}, indent=1))
 
 
+@pytest.mark.slow
 def test_pipeline_tables_equal_the_model(spark: Any, tmp_path: Path) -> None:
     _property(spark, tmp_path, EXAMPLES, KEYS)
 
@@ -285,6 +286,7 @@ def test_regressions_equal_the_model(spark: Any, tmp_path: Path, why: str, extra
 # --- killed while applying: real SIGKILLs, then the model again ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(data=st.data())

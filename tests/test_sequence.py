@@ -133,6 +133,7 @@ def test_meta_sequence_orders_and_never_lands(spark: Any, tmp_path: Path) -> Non
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_several_sequence_fields_compare_in_order_and_strings_as_text(spark: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
@@ -147,6 +148,7 @@ def test_several_sequence_fields_compare_in_order_and_strings_as_text(spark: Any
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_change_without_its_sequence_stops_the_run_naming_the_line(spark: Any, tmp_path: Path) -> None:
     from materializer.errors import SourceError
@@ -157,6 +159,7 @@ def test_a_change_without_its_sequence_stops_the_run_naming_the_line(spark: Any,
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_reserved_column_name_in_a_document_is_refused(spark: Any, tmp_path: Path) -> None:
     from materializer.errors import SourceError
@@ -166,6 +169,7 @@ def test_a_reserved_column_name_in_a_document_is_refused(spark: Any, tmp_path: P
         _run(spark, _config(tmp_path, sequence_by=["ts"]))
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_shuffled_sequences_with_late_deletes_match_the_oracle(spark: Any, tmp_path: Path) -> None:
     rng = random.Random(16)
@@ -186,6 +190,7 @@ def test_shuffled_sequences_with_late_deletes_match_the_oracle(spark: Any, tmp_p
     _check_oracle(spark, config)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_sequence_by_added_to_a_binding_whose_table_exists(spark: Any, tmp_path: Path) -> None:
     """It was committed, then failed to apply (a stuck epoch). Rows stored before sequence_by have

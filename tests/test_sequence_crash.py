@@ -72,6 +72,7 @@ SCHEDULE = [
 EPOCHS = 4
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_stopped_at_every_point_and_restarted_ends_exactly_once(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from materializer.runtime import Runtime

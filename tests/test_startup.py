@@ -189,6 +189,7 @@ def test_a_java_too_old_names_its_version(pipeline: Path, tmp_path: Path) -> Non
     _assert_paragraph(result, "is Java 8, but Spark 4 needs Java 17 or 21")
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess  # Ivy runs in a JVM
 def test_jars_not_reachable_on_a_first_run(pipeline: Path, tmp_path: Path) -> None:
     # A fresh cache and a mirror nobody listens on: the first run's fetch fails, as with no network.
@@ -200,6 +201,7 @@ def test_jars_not_reachable_on_a_first_run(pipeline: Path, tmp_path: Path) -> No
     assert not (tmp_path / "log").exists()  # nothing was started: no recovery log
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_jvm_that_exits_while_starting_is_quoted_not_a_traceback(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1}])

@@ -16,6 +16,7 @@ from tests.test_holes import config_with
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow
 def test_schema_and_properties_finds_what_detail_finds_and_no_table_where_it_finds_none(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "killed" / "_delta_log").mkdir(parents=True)  # what a CREATE killed before its commit leaves

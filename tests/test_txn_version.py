@@ -98,6 +98,7 @@ def _agree(spark: Any, ref: TableRef, app: str, *, must_answer: bool = False) ->
     assert (both.exists, both.version, both.txn_version) == (slow.exists, slow.version, slow.txn_version), app
 
 
+@pytest.mark.slow
 def test_delta_rs_and_the_spark_log_reader_agree_across_checkpoints(spark: Any, tmp_path: Path) -> None:
     """The per-apply pre-check reads path tables with delta-rs first; it must read the same txn
     actions as the Spark reader: from the checkpoint's ``txn`` column and the commits after it."""

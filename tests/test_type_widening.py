@@ -70,6 +70,7 @@ def test_wider_types_widen_the_columns_of_a_table_that_enables_type_widening(spa
     assert last_epoch(config) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_without_type_widening_a_value_too_wide_is_refused_before_commit_as_before(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "items"
@@ -81,6 +82,7 @@ def test_without_type_widening_a_value_too_wide_is_refused_before_commit_as_befo
     assert last_epoch(config) == 0 and sorted(table_rows(spark, table, ["id"])) == [(1,)]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_delta_updates_appends_widen_too(spark: Any, tmp_path: Path) -> None:
     table = tmp_path / "tables" / "log"
@@ -92,6 +94,7 @@ def test_delta_updates_appends_widen_too(spark: Any, tmp_path: Path) -> None:
     assert [r["n"] for r in spark.read.format("delta").load(str(table)).collect()] == [2**40]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_wider_type_inside_a_struct_is_refused_before_commit_naming_the_field(spark: Any, tmp_path: Path) -> None:
     """Declared ``s STRUCT<a: INT>``, then ``STRUCT<a: BIGINT>``, on a table with type widening:
