@@ -132,6 +132,7 @@ def _record(statement: Any) -> bytes:
     return _line(statement).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_malformed_records_of_the_cdcv2_payload_land_once_with_topic_partition_offset(

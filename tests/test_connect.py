@@ -169,6 +169,7 @@ def test_cli_on_connect_killed_mid_merge_restarts_to_the_oracle(
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
 
+@pytest.mark.slow
 def test_an_old_clients_merge_still_running_when_the_restart_reapplies_its_epoch_lands_once(
     connect_spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,6 +234,7 @@ def test_an_old_clients_merge_still_running_when_the_restart_reapplies_its_epoch
     assert [f for f in (tmp_path / "staging").rglob("*") if f.is_file()] == []
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_a_drill_on_connect_kills_the_client_only_and_every_table_stays_exact(connect_server: ConnectServer, tmp_path: Path) -> None:
     """`materializer drill --remote`: every run is a Connect client, the random SIGKILLs end it

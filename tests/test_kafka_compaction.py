@@ -94,6 +94,7 @@ def test_the_lag_beside_the_window_is_the_age_of_the_first_unread_record_nearest
     assert "PAST" in CompactionLag("c", 0, 4, 11_000, 10_000).describe()
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_progress_records_and_status_show_the_oldest_unread_record_beside_delete_retention(

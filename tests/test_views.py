@@ -69,6 +69,7 @@ def test_soft_deletes_and_tombstones_are_left_out_and_a_new_column_reaches_the_v
     assert _views(events) == [2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_scd2_shows_the_current_versions_and_internal_columns_when_asked(spark: Any, tmp_path: Path) -> None:
     view = _view_name()
@@ -83,6 +84,7 @@ def test_scd2_shows_the_current_versions_and_internal_columns_when_asked(spark: 
     assert [(r["id"], r["v"], r["__current"]) for r in rows] == [(1, "b", True)]  # 2's current version is its delete
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_view_that_cannot_be_made_stops_after_the_apply_and_the_next_run_makes_it(spark: Any, tmp_path: Path) -> None:
     src, table = tmp_path / "src", tmp_path / "t"
