@@ -6,7 +6,9 @@ prestage, start_commit, acknowledge) and delegates: the staged datasets to
 dataset written by Spark, named in the driver checkpoint with its row count, file count and byte
 size), the Delta writes to :class:`materializer.merge.DeltaWriter`. What it keeps is the checks:
 the tables against the log at Open, the epoch's rows against the table before StartCommit
-(invariant 9). Acknowledge applies the staged datasets in binding order:
+(invariant 9). StartCommit stages and checks the bindings side by side, and Acknowledge applies
+them side by side, ``transaction.parallel_bindings`` at a time (:func:`materializer.side_by_side.run_each`;
+``1``: in binding order, one after another), each apply thread in an apply session of its own:
 
 * standard mode: ``MERGE`` by key, ``WHEN MATCHED AND s._op = 'd' THEN DELETE``, ``WHEN MATCHED
   THEN UPDATE`` (the whole row), ``WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT``;
