@@ -45,8 +45,30 @@ def bench(
         None, "--kafka", help="Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    bindings: Optional[List[int]] = typer.Option(
+        None, "--bindings", min=1,
+        help="Instead: the epoch's cost with N small bindings, side by side and one after another; repeat for several (e.g. 1, 16, 64).",
+    ),
+    binding_rows: int = typer.Option(100, "--binding-rows", min=1, help="With --bindings: documents per binding per epoch."),
+    parallel_bindings: Optional[int] = typer.Option(
+        None, "--parallel-bindings", min=1, help="With --bindings: transaction.parallel_bindings of the side-by-side runs."
+    ),
+    sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="With --bindings: also run one binding at a time."),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
+    if bindings:
+        from materializer.tools.bench_bindings import BindingsOptions, run_bench_bindings, summary_lines
+
+        report = run_bench_bindings(
+            BindingsOptions(
+                bindings=list(bindings), rows=binding_rows, epochs=epochs, parallel=parallel_bindings, sequential=sequential,
+                pipelined=pipelined, out=out, master=master, keep_data=keep_data,
+                conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
+            ),
+            say=lambda message: typer.echo(message, err=True),
+        )
+        output(json_out, report, lambda: summary_lines(report), indent=1)
+        return
     from materializer.tools.bench import BenchOptions, summary_table
 
     overrides = dict(

@@ -25,7 +25,7 @@ POINTS = (
     "mid-log-commit",  # entry durable in a temp file, not yet published
     "after-log-commit",  # entry committed, nothing applied
     "mid-apply",  # inside the Spark job of the MERGE
-    "after-apply",  # one binding's MERGE committed, the next binding not yet applied
+    "after-apply",  # one binding's MERGE committed, others not yet (side by side: maybe mid-MERGE)
     "after-ack-before-gc",  # every binding applied, staged files not yet deleted
     "mid-load",  # inside the Spark job that loads current rows
 )

@@ -6,7 +6,9 @@ prestage, start_commit, acknowledge) and delegates: the staged datasets to
 dataset written by Spark, named in the driver checkpoint with its row count, file count and byte
 size), the Delta writes to :class:`materializer.merge.DeltaWriter`. What it keeps is the checks:
 the tables against the log at Open, the epoch's rows against the table before StartCommit
-(invariant 9). Acknowledge applies the staged datasets in binding order:
+(invariant 9). StartCommit stages and checks the bindings side by side, and Acknowledge applies
+them side by side, ``transaction.parallel_bindings`` at a time (:func:`materializer.side_by_side.run_each`;
+``1``: in binding order, one after another), each apply thread in an apply session of its own:
 
 * standard mode: ``MERGE`` by key, ``WHEN MATCHED AND s._op = 'd' THEN DELETE``, ``WHEN MATCHED
   THEN UPDATE`` (the whole row), ``WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT``;
@@ -28,6 +30,7 @@ need no loads; nothing is read from a table before Acknowledged.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -44,10 +47,12 @@ from materializer import option_changes
 from materializer.option_changes import table_options
 from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, align
 from materializer.staging import StagingArea
+from materializer.side_by_side import run_each
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
     Acknowledged,
+    ApplyResult,
     Driver,
     DriverCheckpoint,
     Flush,
@@ -102,9 +107,19 @@ class DeltaDriver(Driver):
         self._acknowledged: int | None = None
         from materializer.spark import isolated_session
 
+        self.parallel = config.transaction.parallel_bindings
+        """How many bindings are staged and applied at once (``transaction.parallel_bindings``)."""
         self.apply_spark = isolated_session(spark)
         self.writer = DeltaWriter(self.apply_spark, config, self.staging_area, self.collector)
         """The MERGEs and appends of each epoch, in the apply session (:mod:`materializer.merge`)."""
+        self._writers: list[DeltaWriter] = [self.writer]
+        """One writer per apply thread, each in a session of its own (the txn confs are
+        session-wide); made as an epoch first needs them (:meth:`_writer`)."""
+        self._lock = threading.Lock()
+        self._shared_session = self.apply_spark is spark
+        """No isolated session here (pyspark 4.0's Connect client): applies stay one at a time."""
+        if self.parallel > 1:
+            _set_pool(self.apply_spark, 0)
 
     # --- Open ---
 
@@ -300,31 +315,48 @@ class DeltaDriver(Driver):
     # --- Acknowledge ---
 
     def acknowledge(self, message: Acknowledge) -> Acknowledged:
+        """Apply the epoch's staged datasets, ``transaction.parallel_bindings`` tables at once, each
+        thread in an apply session of its own; Acknowledged only once every table is applied.
+
+        A failure in one binding starts no further binding; the applies in flight end (each is one
+        Delta commit, whole or absent), then the failure is raised naming its binding. The tables
+        applied by then record the epoch, so the re-apply skips them."""
         epoch = message.epoch
-        results = []
-        for index, binding in enumerate(self.config.bindings):
-            if binding.name not in message.driver_checkpoint.staged:
-                continue
-            staged = message.driver_checkpoint.staged[binding.name]
+        checkpoint = message.driver_checkpoint
+        todo = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
+
+        def apply(binding: BindingConfig, slot: int) -> ApplyResult:
+            writer = self._writer(slot)
+            staged = checkpoint.staged[binding.name]
             began = time.monotonic()
-            if binding.name in message.driver_checkpoint.truncate:
-                self.writer.truncate(binding, epoch)
-            result = self.writer.apply(binding, epoch, staged)
+            if binding.name in checkpoint.truncate:
+                writer.truncate(binding, epoch)
+            result = writer.apply(binding, epoch, staged)
             if result.status == "applied" and binding.name not in self._txn_proven:
                 # Once per table and run (invariant 13): Delta recorded the txn id of that commit.
-                self.writer.prove_txn_recorded(binding, epoch)
-                self._txn_proven.add(binding.name)
-            results.append(result)
+                writer.prove_txn_recorded(binding, epoch)
+                with self._lock:
+                    self._txn_proven.add(binding.name)
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
-            rejected = message.driver_checkpoint.dead_letters.get(binding.name)
+            rejected = checkpoint.dead_letters.get(binding.name)
             if rejected is not None:
                 # crash here leaves the table applied and its dead letters not: the re-apply skips
                 # the table and appends them (their own txn record on the dead-letter table)
                 crash.crash_point("after-apply", epoch)
-                self.writer.append_dead_letters(binding, epoch, rejected)
-            if index < len(self.config.bindings) - 1:
-                # crash here leaves some tables applied and others not: the re-apply skips the former
+                writer.append_dead_letters(binding, epoch, rejected)
+            return result
+
+        def between_tables(_binding: BindingConfig, _result: ApplyResult, unfinished: int) -> None:
+            if unfinished:
+                # crash here leaves some tables applied and others not: the re-apply skips the former.
+                # Fired when the first table's apply has ended; with parallel_bindings > 1 the others
+                # may be mid-MERGE by then (uncommitted, as at mid-apply) or already committed.
                 crash.crash_point("after-apply", epoch)
+
+        results = run_each(
+            todo, apply, workers=self._apply_workers(len(todo)), name="materializer-apply",
+            after_each=between_tables, label=lambda b: f"binding {b.name} (epoch {epoch}'s apply)",
+        )
         # crash here leaves every table applied and the staged files in place: the next Open keeps
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
         crash.crash_point("after-ack-before-gc", epoch)
@@ -339,6 +371,21 @@ class DeltaDriver(Driver):
         self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
+
+    def _apply_workers(self, bindings: int) -> int:
+        return 1 if self._shared_session else max(1, min(self.parallel, bindings))
+
+    def _writer(self, slot: int) -> DeltaWriter:
+        """The apply writer of thread ``slot``: the first is :attr:`writer`, the others are made in
+        sessions of their own on first use, each in a FAIR pool of its own."""
+        with self._lock:
+            while len(self._writers) <= slot:
+                from materializer.spark import isolated_session
+
+                session = isolated_session(self.spark)
+                _set_pool(session, len(self._writers))
+                self._writers.append(DeltaWriter(session, self.config, self.staging_area, self.collector))
+            return self._writers[slot]
 
     @property
     def _load_group(self) -> str:
@@ -528,6 +575,7 @@ class DeltaDriver(Driver):
                 if file is not None:
                     dead[name] = file
             self._rejected = {}
+            todo: list[tuple[BindingConfig, DataFrame, tuple[DataFrame, StagedFile | None] | None]] = []
             for binding in self.config.bindings:
                 df = self._stored.pop(binding.name, None)
                 # Left in _prestaged until adopted, so a refusal below discards it too.
@@ -540,14 +588,28 @@ class DeltaDriver(Driver):
                 if df is None:
                     staged[binding.name] = None
                     continue
+                todo.append((binding, df, early))
+
+            def stage(item: tuple[BindingConfig, "DataFrame", Any], _slot: int) -> None:
+                binding, df, early = item
                 # After Acknowledged: the table's schema includes the previous epoch's changes.
                 facts = self._table_facts(binding)
                 self._check_schema(binding, df, facts)
+                # Named in `staged` as soon as it is written (each thread its own key), so a failure
+                # of any binding discards it below.
                 staged[binding.name] = early[1] if early is not None else self._stage(binding.name, epoch, df)
                 self._prestaged.pop(binding.name, None)
                 file = staged[binding.name]
                 if facts is not None and file is not None:
                     self._check_rows(binding, file, df.schema, facts)
+
+            # Side by side on the runtime's session (staging commits nothing to Delta); a failure
+            # raises once every binding in flight has ended, so nothing is still being written.
+            run_each(
+                todo, stage, workers=self.parallel, name="materializer-stage",
+                label=lambda item: f"binding {item[0].name} (epoch {epoch}'s staging)",
+            )
+            staged = {b.name: staged[b.name] for b in self.config.bindings if b.name in staged}  # binding order
         except BaseException:
             self.discard_prestaged()
             self._rejected = {}
@@ -567,6 +629,20 @@ class DeltaDriver(Driver):
 
 
 CONSTRAINT_PREFIX = "delta.constraints."
+
+SCHEDULER_POOL = "spark.scheduler.pool"
+"""A session conf Spark copies into the local properties of each SQL execution's jobs: the FAIR
+scheduler pool they run in (``spark.scheduler.mode=FAIR``, set where the session is built)."""
+
+
+def _set_pool(session: "SparkSession", slot: int) -> None:
+    """Put apply thread ``slot``'s session in a FAIR pool of its own, so one big MERGE does not take
+    every core from the small ones. Under FIFO scheduling, or where the conf is refused, it is only
+    a name: the applies still run side by side."""
+    try:
+        session.conf.set(SCHEDULER_POOL, f"materializer-{slot}")
+    except Exception:  # noqa: BLE001 - a compute that refuses the conf: one pool for all
+        pass
 
 
 @dataclass(frozen=True)

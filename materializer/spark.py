@@ -116,6 +116,10 @@ BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
+    # An epoch's bindings run side by side (transaction.parallel_bindings), each apply session in a
+    # pool of its own (``spark.scheduler.pool``, a session conf Spark hands to the jobs of each SQL
+    # execution): FAIR shares the cores between the pools instead of first come, first served.
+    "spark.scheduler.mode": "FAIR",
 }
 
 MIN_JAVA = 17
@@ -156,6 +160,9 @@ logger.stream.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWri
 logger.stream.level = error
 logger.stream40.name = org.apache.spark.sql.execution.streaming.ResolveWriteToStream
 logger.stream40.level = error
+# The apply threads' FAIR pools are made on first use, with the defaults we want, not from a file.
+logger.fair.name = org.apache.spark.scheduler.FairSchedulableBuilder
+logger.fair.level = error
 """
 
 # Lines printed straight to stderr (not through log4j): the JVM's notice for the module Spark adds

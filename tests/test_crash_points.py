@@ -97,7 +97,9 @@ def _pipeline(tmp_path: Path) -> Path:
             binding("log", src, tmp_path / "tables" / "log", max_files=1, mode="delta_updates"),
         ],
         pipeline_id=PIPELINE,
-        transaction={"max_documents": 1000, "pipelined": False},
+        # One binding at a time: each row promises one order of the two tables (the bindings side
+        # by side, and after-apply then, are tests/test_parallel_bindings.py's).
+        transaction={"max_documents": 1000, "pipelined": False, "parallel_bindings": 1},
     )
 
 

@@ -1,0 +1,205 @@
+"""``materializer bench --bindings N``: the cost of an epoch as the bindings grow (issue 32).
+
+For each N (default 1, 16 and 64) the bench writes N small document collections (``documents``
+source, one JSON Lines file per epoch of ``rows`` documents, ``source.max_files: 1``, so each
+epoch takes one file of every binding), then runs the materializer end to end in this process
+(``Runtime(config, spark).run()``) twice on fresh state: with the bindings side by side
+(``transaction.parallel_bindings`` = ``parallel``) and one after another (``parallel_bindings: 1``,
+the order before issue 32). Per run: the wall seconds and CPU seconds (this Python process, the
+Spark JVM and its Python workers: :func:`materializer.tools.bench.cpu_seconds`) of each epoch,
+from one Acknowledged to the next (the first epoch includes Open and the tables' creation, so the
+figure reported is the median of the later epochs), and the Spark jobs of the whole run.
+
+The goal it checks: an epoch of 64 bindings of 100 rows costs at most 8 times an epoch of one.
+On a shared machine wall time is noisy: the CPU seconds are the steadier figure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from materializer import events
+from materializer.events import Collector, Event
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+GOAL_BINDINGS = 64
+GOAL_RATIO = 8.0
+"""An epoch of GOAL_BINDINGS small bindings costs at most GOAL_RATIO times an epoch of one."""
+
+
+@dataclass
+class BindingsOptions:
+    bindings: list[int] = field(default_factory=lambda: [1, 16, 64])
+    """The numbers of bindings to measure."""
+    rows: int = 100
+    """Documents per binding per epoch."""
+    epochs: int = 3
+    parallel: int | None = None
+    """``transaction.parallel_bindings`` of the side-by-side runs (None: the configuration's default)."""
+    sequential: bool = True
+    """Also run each N with ``parallel_bindings: 1``."""
+    pipelined: bool = True
+    out: Path = Path(".bench-bindings")
+    master: str = "local[*]"
+    conf: dict[str, str] = field(default_factory=dict)
+    keep_data: bool = False
+
+
+class EpochClock(Collector):
+    """Wall and CPU seconds at the run's start and at each Acknowledged."""
+
+    def __init__(self) -> None:
+        from materializer.tools.bench import cpu_seconds
+
+        self._cpu = cpu_seconds
+        self.marks: list[tuple[int, float, tuple[float, float, float]]] = [(0, time.monotonic(), cpu_seconds())]
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, events.Acknowledged):
+            self.marks.append((event.epoch, time.monotonic(), self._cpu()))
+
+    def epochs(self) -> list[dict[str, Any]]:
+        out = []
+        for (_e0, t0, c0), (epoch, t1, c1) in zip(self.marks, self.marks[1:]):
+            python, jvm, workers = (b - a for a, b in zip(c0, c1))
+            out.append({
+                "epoch": epoch, "wall": round(t1 - t0, 3), "cpu_python": round(python, 3), "cpu_jvm": round(jvm, 3),
+                "cpu_workers": round(workers, 3), "cpu": round(python + jvm + workers, 3),
+            })
+        return out
+
+
+def write_collections(root: Path, bindings: int, epochs: int, rows: int) -> list[Path]:
+    """``bindings`` folders of ``epochs`` files of ``rows`` documents (ids repeat across epochs: updates)."""
+    folders = []
+    for b in range(bindings):
+        folder = root / f"src-{b:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for e in range(epochs):
+            with open(folder / f"part-{e:04d}.jsonl", "w") as handle:
+                for i in range(rows):
+                    key = (e * rows // 2 + i) % (rows * 2)  # half updates, half inserts after the first epoch
+                    handle.write(json.dumps({"id": key, "name": f"n{b}-{e}-{i}", "amount": float(i), "epoch": e}) + "\n")
+        folders.append(folder)
+    return folders
+
+
+def pipeline_config(work: Path, sources: list[Path], parallel: int | None, pipelined: bool, epochs: int) -> Any:
+    from materializer.config import PipelineConfig
+
+    transaction: dict[str, Any] = {"pipelined": pipelined}
+    if parallel is not None:
+        transaction["parallel_bindings"] = parallel
+    return PipelineConfig.model_validate({
+        "pipeline_id": "bench-bindings",
+        "recovery_log": str(work / "log"),
+        "staging": str(work / "staging"),
+        "transaction": transaction,
+        "bindings": [
+            {
+                "name": f"b{index:03d}",
+                "source": {
+                    "format": "documents", "path": str(src), "max_files": 1,
+                    "schema": "id BIGINT, name STRING, amount DOUBLE, epoch BIGINT",
+                },
+                "table": str(work / "tables" / f"b{index:03d}"),
+                "key": ["id"],
+            }
+            for index, src in enumerate(sources)
+        ],
+    })
+
+
+def run_one(spark: "SparkSession", root: Path, sources: list[Path], parallel: int | None, options: BindingsOptions) -> dict[str, Any]:
+    from materializer.runtime import Runtime
+    from materializer.tools.bench import next_job_id
+
+    label = "sequential" if parallel == 1 else "parallel"
+    work = root / f"run-{len(sources)}-{label}"
+    shutil.rmtree(work, ignore_errors=True)
+    config = pipeline_config(work, sources, parallel, options.pipelined, options.epochs)
+    clock = EpochClock()
+    jobs0 = next_job_id(spark)
+    began = time.monotonic()
+    summary = Runtime(config, spark, clock).run()
+    wall = time.monotonic() - began
+    jobs1 = next_job_id(spark)
+    epochs = clock.epochs()
+    later = epochs[1:] or epochs
+    if not options.keep_data:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "bindings": len(sources),
+        "mode": label,
+        "parallel_bindings": config.transaction.parallel_bindings,
+        "last_epoch": summary.last_epoch,
+        "run_wall": round(wall, 3),
+        "spark_jobs": (jobs1 - jobs0) if jobs0 is not None and jobs1 is not None else None,
+        "epoch_wall": round(statistics.median(e["wall"] for e in later), 3),
+        "epoch_cpu": round(statistics.median(e["cpu"] for e in later), 3),
+        "epochs": epochs,
+    }
+
+
+def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = print, spark: "SparkSession | None" = None) -> dict[str, Any]:
+    from materializer.spark import session_for
+
+    if spark is None:
+        spark = session_for(options.master, {"spark.driver.memory": "2g", **options.conf}, app_name="materializer-bench")
+    root = options.out.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    runs = []
+    # A warm-up (JIT, Delta's classes): one binding, not reported.
+    say("warm-up: 1 binding")
+    run_one(spark, root / "warmup", write_collections(root / "warmup" / "src", 1, 2, options.rows), options.parallel, options)
+    for n in options.bindings:
+        sources = write_collections(root / f"src-{n}", n, options.epochs, options.rows)
+        modes = [options.parallel] + ([1] if options.sequential and n > 1 else [])
+        for parallel in modes:
+            result = run_one(spark, root, sources, parallel, options)
+            runs.append(result)
+            say(
+                f"{n} bindings, {result['mode']} (parallel_bindings {result['parallel_bindings']}): epoch "
+                f"{result['epoch_wall']:.1f} s wall, {result['epoch_cpu']:.1f} s CPU; run {result['run_wall']:.1f} s, "
+                f"{result['spark_jobs']} Spark jobs"
+            )
+        if not options.keep_data:
+            shutil.rmtree(root / f"src-{n}", ignore_errors=True)
+    report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in options.__dict__.items()}, "runs": runs, "goal": goal(runs)}
+    (root / "bindings-report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def goal(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Epoch of GOAL_BINDINGS bindings (side by side) over the epoch of one, wall and CPU."""
+    one = next((r for r in runs if r["bindings"] == 1), None)
+    many = next((r for r in runs if r["bindings"] == GOAL_BINDINGS and r["mode"] == "parallel"), None)
+    if one is None or many is None:
+        return {"measured": False}
+    wall = many["epoch_wall"] / one["epoch_wall"] if one["epoch_wall"] else None
+    cpu = many["epoch_cpu"] / one["epoch_cpu"] if one["epoch_cpu"] else None
+    return {"measured": True, "wall_ratio": wall, "cpu_ratio": cpu, "goal": GOAL_RATIO, "met": wall is not None and wall <= GOAL_RATIO}
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    lines = [f"{'bindings':>8} {'mode':>10} {'par':>4} {'epoch wall s':>12} {'epoch CPU s':>11} {'jobs/run':>8}"]
+    for r in report["runs"]:
+        lines.append(
+            f"{r['bindings']:>8} {r['mode']:>10} {r['parallel_bindings']:>4} {r['epoch_wall']:>12.2f} {r['epoch_cpu']:>11.2f} "
+            f"{r['spark_jobs'] if r['spark_jobs'] is not None else '?':>8}"
+        )
+    g = report["goal"]
+    if g.get("measured"):
+        lines.append(
+            f"goal: epoch of {GOAL_BINDINGS} bindings <= {GOAL_RATIO:g} x epoch of 1: wall x{g['wall_ratio']:.1f}, "
+            f"CPU x{g['cpu_ratio']:.1f} ({'met' if g['met'] else 'not met'})"
+        )
+    return lines
