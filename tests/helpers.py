@@ -71,6 +71,10 @@ def run_cli(
     """
     full_env = dict(os.environ)
     full_env.pop("MATERIALIZER_CRASH_AT", None)
+    # A CLI run's JVM lives seconds on tiny data: C1 alone and the serial collector (tests/conftest.py).
+    cli_jvm = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    if cli_jvm:
+        full_env.setdefault("SPARK_SUBMIT_OPTS", cli_jvm)
     if jvm:
         require_subprocess_tier("run_cli starts the CLI and its JVM (or pass jvm=False)")
     else:
