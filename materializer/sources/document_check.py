@@ -30,9 +30,15 @@ the VARIANT route also refuses, so the decoder's result is checked further:
 Names Delta refuses and names that differ only in case are never fast: the declared schema has
 none (``parse_schema`` refuses them), and ``forbid_unknown_fields`` compares names exactly.
 
-``from_json`` types the fast documents with ``mode FAILFAST``: where it still cannot read a value
-the staging job fails and the VARIANT route's checks (error path only) name the document; a value
-it cannot read never becomes a NULL.
+A fast document's top-level whole numbers, DOUBLEs, BOOLEANs and STRINGs are typed here, from
+the values msgspec decoded (:func:`python_typed`): they are exact (a whole number within its
+range, a double correctly rounded as Java's parser rounds it, a negative zero never fast), and
+typing them costs less in Python than ``from_json``'s parse in the JVM (docs, Performance). Its
+other declared fields, nested or of a type Spark's verdict must decide (timestamps, dates,
+decimals, floats), are typed by ``from_json`` with ``mode FAILFAST``: where it still cannot read a
+value the staging job fails and the VARIANT route's checks (error path only) name the document;
+a value it cannot read never becomes a NULL. Without such fields a fast document's text does not
+go back to Spark at all. ``tests/test_documents_arrow.py`` holds both to the VARIANT route.
 
 This module imports msgspec only on the executors, inside :func:`check_batches`: an executor
 without it stops the run with :data:`MISSING`, one paragraph, instead of a worker traceback.
@@ -60,9 +66,13 @@ _RANGES = {"long": 63, "integer": 31, "short": 15, "byte": 7}
 _cache: dict[str, Any] = {}
 
 
-def _compile(schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]) -> tuple[Callable[[bytes, int], bool], str]:
-    """The per-document test for a declared schema (built once per executor process), and the
-    pattern of texts that are never fast (checked per batch, vectorized)."""
+def _compile(
+    schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]
+) -> tuple[Callable[[bytes, int], "tuple[Any, ...] | None"], str, Callable[[list[Any]], list[Any]]]:
+    """The per-document test for a declared schema (built once per executor process): the decoded
+    top-level values of a fast document (None: not fast); the pattern of texts that are never
+    fast (checked per batch, vectorized); and the columns of a batch's fast documents
+    (:func:`typed_columns`: the op, then each field :func:`python_typed` names)."""
     import msgspec
     from msgspec import UNSET, Meta, UnsetType
     from typing import Annotated
@@ -71,6 +81,7 @@ def _compile(schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]) -
 
     counter = [0]
     scalar_keys = [True]
+    top_index: dict[str, int] = {}
 
     def leaf(dtype: Any) -> tuple[Any, Any]:
         """(msgspec type, walker spec) of a declared type; the type accepts null."""
@@ -101,6 +112,8 @@ def _compile(schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]) -
             name = field["name"]
             if top and name in hidden:
                 continue
+            if top:
+                top_index[name] = len(members)
             kind, spec = leaf(field["type"])
             attr = f"f{len(members)}"
             rename[attr] = name
@@ -153,23 +166,56 @@ def _compile(schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]) -
     # Without nested values or names holding ":", the keys kept are the top level's fields that
     # are set: when the text has as many ":" there is no string holding one and no dropped key.
     flat = all(inner in ("str", ("meta",)) for _index, inner in spec[1]) and not spec[2]
+    # Top-level DOUBLEs holding a negative zero (``-1e-400`` decodes to -0.0, which no pattern
+    # sees): not fast, as every negative zero.
+    top_doubles = [top_index[f["name"]] for f in schema["fields"] if f["type"] == "double" and f["name"] in top_index]
+    from math import copysign
 
-    def fast(text: bytes, colons: int) -> bool:
-        """Whether ``text`` is fast, given its ``:`` count and that it holds nothing
-        :data:`SUSPECT` matches."""
+    def fast(text: bytes, colons: int) -> "tuple[Any, ...] | None":
+        """``text``'s top-level values when it is fast, given its ``:`` count and that it holds
+        nothing :data:`SUSPECT` matches; else None."""
         try:
             doc = decode(text)
         except errors:
-            return False
-        if flat:
-            values = astuple(doc)
-            if colons == len(values) - values.count(UNSET):
-                return True
-        return colons == count(doc, spec)
+            return None
+        values = astuple(doc)
+        for index in top_doubles:
+            value = values[index]
+            if value == 0.0 and value is not UNSET and value is not None and copysign(1.0, value) < 0:
+                return None
+        if flat and colons == len(values) - values.count(UNSET):
+            return values
+        return values if colons == count(doc, spec) else None
+
+    meta = len(top.__struct_fields__) - 1
+
+    def columns(docs: list[Any], names: list[str]) -> list[Any]:
+        """The op (``d`` or ``u``) and the fields ``names`` (of :func:`python_typed`) of each fast
+        document (its ``astuple``; None for the others, whose columns are NULL), as Python lists."""
+        ops = [None if d is None else ("d" if (m := d[meta]) is not UNSET and m.op == "d" else "u") for d in docs]
+        out = [ops]
+        for index in [top_index[name] for name in names]:
+            out.append([None if d is None or (v := d[index]) is UNSET else v for d in docs])
+        return out
 
     if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
-        return (lambda text, colons: False), SUSPECT
-    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT)
+        return (lambda text, colons: None), SUSPECT, columns
+    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns
+
+
+PYTHON_TYPES = {"long": "int64", "integer": "int32", "short": "int16", "byte": "int8", "double": "float64", "boolean": "bool_", "string": "string"}
+"""The declared types whose values a fast document's decoded value gives exactly (Arrow's type
+for each): whole numbers within their range, a DOUBLE correctly rounded (msgspec, as Java's
+parser; negative zeros and values out of range are never fast), booleans, and JSON strings (a
+STRING field holding another kind is never fast)."""
+
+
+def python_typed(schema: dict[str, Any], hidden: "tuple[str, ...] | list[str]") -> list[tuple[str, str]]:
+    """The top-level fields of ``schema`` (Spark's JSON form) that the validator types itself
+    (name, Spark type name), in the schema's order: those of :data:`PYTHON_TYPES`. A fast
+    document's other fields are nested (typed by ``from_json``) or of a type whose value makes
+    no document fast but a null."""
+    return [(f["name"], f["type"]) for f in schema["fields"] if isinstance(f["type"], str) and f["type"] in PYTHON_TYPES and f["name"] not in hidden]
 
 
 SUSPECT = r"\\u003[aA]"
@@ -180,11 +226,18 @@ SUSPECT_WITH_DOUBLES = SUSPECT + r"|[0-9]{39}|-0(\.0*)?([eE][-+]?[0-9]+)?([,}\] 
 double) and a negative zero (whose sign the VARIANT route drops)."""
 
 
-def check_batches(schema_json: str, keys: list[str], hidden: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function: each batch (``value`` first) with :data:`OK` added."""
+def check_batches(
+    schema_json: str, keys: list[str], hidden: list[str], *, typed: "list[str] | None" = None, keep_text: bool = True
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function: each batch (``value`` first) with :data:`OK` added; with
+    ``typed`` (names of :func:`python_typed` fields), also the fast documents' op
+    (:data:`OP_COLUMN`) and those fields (``__p<i>`` for the ``i``-th, NULL for the others). Unless ``keep_text``, a fast document's text is
+    dropped (NULL) on the way back: nothing after this function reads it."""
     key = (schema_json, tuple(keys), tuple(hidden))
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import json
+
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -195,24 +248,43 @@ def check_batches(schema_json: str, keys: list[str], hidden: list[str]) -> Calla
         compiled = _cache.get(repr(key))
         if compiled is None:
             compiled = _cache[repr(key)] = _compile(*key)
-        fast, suspect = compiled
+        fast, suspect, columns = compiled
+        kinds = dict(python_typed(json.loads(schema_json), hidden))
+        types = [getattr(pa, PYTHON_TYPES[kinds[name]])() for name in typed or []]
         for batch in batches:
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
                 text = text.cast(pa.string())
             # Per batch, in Arrow's C++: each text's ":" count and whether it is suspect.
             colons = pc.count_substring(text, ":").to_pylist()
-            suspects = pc.match_substring_regex(text, suspect)
+            # A NULL line (none from spark.read.text) is not fast: its suspect is filled true.
+            suspects = pc.fill_null(pc.match_substring_regex(text, suspect), True).to_pylist()
             width = "q" if text.type == pa.large_string() else "i"
             offsets = memoryview(text.buffers()[1]).cast(width)[text.offset: text.offset + len(text) + 1].tolist()
             data = text.buffers()[2]
             data = data.to_pybytes() if data is not None else b""
-            ok = pa.array([fast(data[a:b], c) for a, b, c in zip(offsets, offsets[1:], colons)], pa.bool_())
-            # A NULL line (none from spark.read.text) is not fast: and_kleene's NULL is filled false.
-            ok = pc.fill_null(pc.and_kleene(ok, pc.invert(suspects)), False)
-            yield pa.RecordBatch.from_arrays([*batch.columns, ok], names=[*batch.schema.names, OK])
+            docs = [None if s else fast(data[a:b], c) for a, b, c, s in zip(offsets, offsets[1:], colons, suspects)]
+            ok = pa.array([d is not None for d in docs], pa.bool_())
+            out = [*batch.columns, ok]
+            names = [*batch.schema.names, OK]
+            if typed is not None:
+                values = columns(docs, typed)
+                out.append(pa.array(values[0], pa.string()))
+                names.append(OP_COLUMN)
+                for index, (column, arrow_type) in enumerate(zip(values[1:], types)):
+                    out.append(pa.array(column, arrow_type))
+                    names.append(f"{TYPED_PREFIX}{index}")
+            if not keep_text:
+                out[0] = pc.if_else(ok, pa.nulls(len(ok), batch.column(0).type), batch.column(0))
+            yield pa.RecordBatch.from_arrays(out, names=names)
 
     return run
+
+
+OP_COLUMN = "__op"
+"""With ``typed``: the fast documents' op, ``d`` or ``u`` (``_meta.op`` is ``d`` or not)."""
+TYPED_PREFIX = "__p"
+"""With ``typed``: ``__p<i>`` holds the ``i``-th :func:`python_typed` field's values."""
 
 
 # --- the staging job's plan (driver side: DataFrame calls only) -----------------------------------
@@ -254,12 +326,16 @@ FAST_JSON = "__j"
 """The fast documents typed by ``from_json`` (NULL for the others)."""
 
 
-def deferred(reader: Any, parsed: Any) -> tuple[Any, Callable[[], int]]:
+def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[Any, Callable[[], int]]:
     """The documents reader's deferred checks (``_Reader.deferred``), fast documents first: one
-    Spark job reads the lines, marks the fast ones in Arrow batches, types them with ``from_json``
-    and sends the others down the VARIANT route (parse, the staging job's lean checks, cast), all
+    Spark job reads the lines, marks the fast ones in Arrow batches and types their top-level
+    scalars there (:func:`python_typed`; their other fields with ``from_json``), and sends the
+    others down the VARIANT route (parse, the staging job's lean checks, cast), all
     ahead of the staging write. ``parsed`` (the VARIANT route over every line) is kept for the
-    error path: when any document is refused, the VARIANT route's full check job names it."""
+    error path: when any document is refused, the VARIANT route's full check job names it.
+    ``python_types=False`` types every field with ``from_json`` (the route before the validator
+    typed scalars; ``stage_profile`` measures both)."""
+    import json
     import uuid
 
     from pyspark.sql import Observation
@@ -276,17 +352,32 @@ def deferred(reader: Any, parsed: Any) -> tuple[Any, Callable[[], int]]:
     value = F.col("value")
     blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
     lines = reader._lines.where(value.startswith("{") | ~blank)  # as the VARIANT route skips blank lines
+    fields = python_typed(json.loads(declared.json()), reader.hidden) if python_types else []
+    by_python = {name: declared[name].dataType for name, _dtype in fields}
+    # The other declared fields (nested, or of a type whose value makes no document fast unless
+    # null: timestamps, dates, decimals, floats, maps, binary) are typed by from_json, so Spark's
+    # verdict on them stays final even for a document the validator were wrong to call fast.
+    by_spark = [f for f in declared.fields if f.name not in by_python and f.name not in reader.hidden]
     marked = lines.mapInArrow(
-        check_batches(declared.json(), list(reader.keys), list(reader.hidden)),
-        T.StructType([*lines.schema.fields, T.StructField(OK, T.BooleanType(), False)]),
+        # The validator types the top-level scalars itself; the text goes back only when
+        # from_json must type other fields.
+        check_batches(declared.json(), list(reader.keys), list(reader.hidden), typed=list(by_python), keep_text=bool(by_spark)),
+        T.StructType(
+            [
+                *lines.schema.fields,
+                T.StructField(OK, T.BooleanType(), False),
+                T.StructField(OP_COLUMN, T.StringType()),
+                *[T.StructField(f"{TYPED_PREFIX}{i}", dtype) for i, dtype in enumerate(by_python.values())],
+            ]
+        ),
     )
+    reader.typed_by_python = {name: f"{TYPED_PREFIX}{i}" for i, name in enumerate(by_python)}
     ok = F.col(OK)
-    typed = T.StructType([*declared.fields, T.StructField("_meta", T.StructType([T.StructField("op", T.StringType())]))])
-    staged = marked.withColumn("__v", F.when(~ok, parse_one(value))).withColumn(
+    staged = marked.withColumn("__v", F.when(~ok, parse_one(value)))
+    if by_spark:
         # FAILFAST: a value from_json cannot read fails the job (explain names the document), it
         # never lands as a NULL.
-        FAST_JSON, F.when(ok, F.from_json(value, typed, {"mode": "FAILFAST"}))
-    )
+        staged = staged.withColumn(FAST_JSON, F.when(ok, F.from_json(value, T.StructType(by_spark), {"mode": "FAILFAST"})))
     checked = staged.withColumn("__parts", F.when(~ok, reader._parts(lean=True))).withColumn(
         "__problem", F.when(~ok, reader.problem(lean=True))
     )
@@ -309,12 +400,19 @@ def deferred(reader: Any, parsed: Any) -> tuple[Any, Callable[[], int]]:
     return reader.rows(good, declared), verify
 
 
-def typed_fast(column: Any, name: str) -> Any:
-    """A declared field: ``from_json``'s value for a fast document, ``column`` (the VARIANT route's)
-    for the others."""
+def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
+    """A declared field: for a fast document the validator's value (:func:`python_typed`) or
+    ``from_json``'s (the other fields); ``column`` (the VARIANT route's) for the others.
+    ``columns``: the plan's."""
     from pyspark.sql import functions as F
 
-    return F.when(F.col(OK), F.col(FAST_JSON)[name]).otherwise(column)
+    if name in reader.typed_by_python:
+        fast = F.col(reader.typed_by_python[name])
+    elif FAST_JSON in columns:
+        fast = F.col(FAST_JSON)[name]
+    else:
+        fast = F.lit(None)  # a name the table keeps for itself: never in a fast document
+    return F.when(F.col(OK), fast).otherwise(column)
 
 
 def explain(reader: Any, text: str) -> Any:

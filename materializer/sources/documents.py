@@ -451,6 +451,8 @@ class _Reader:
         (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
         """Documents the ``arrow`` validator found fast, once its staging job has run."""
+        self.typed_by_python: dict[str, str] = {}
+        """With the ``arrow`` validator: the declared fields it types itself, and their columns."""
 
     # --- reading ---
 
@@ -841,12 +843,12 @@ class _Reader:
         doc = _with_void(F.col("__v").cast(sqltypes.plain(_cast_type(schema))), schema) if schema.fields else None
         op = F.when(F.try_variant_get(F.col("__v"), "$._meta.op", "string") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
         columns = [] if doc is None else [_typed(doc[f.name], f.dataType) for f in schema.fields]
-        if "__j" in parsed.columns:
-            # The arrow validator's fast documents, typed by from_json (document_check).
-            from materializer.sources.document_check import typed_fast
+        if "__ok" in parsed.columns:
+            # The arrow validator's fast documents, typed by the validator or from_json (document_check).
+            from materializer.sources.document_check import OP_COLUMN, typed_fast
 
-            columns = [typed_fast(c, f.name) for c, f in zip(columns, schema.fields)]
-            op = F.when(F.col("__ok"), F.when(F.col("__j._meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))).otherwise(op)
+            columns = [typed_fast(c, f.name, self, parsed.columns) for c, f in zip(columns, schema.fields)]
+            op = F.when(F.col("__ok"), F.col(OP_COLUMN)).otherwise(op)
         columns = [c.alias(f.name) for c, f in zip(columns, schema.fields)]
         if self.sequence_by:
             from materializer.changes import SEQUENCE, sequence_column

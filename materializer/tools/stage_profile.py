@@ -93,6 +93,16 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         verify()
         assert r.fast == args_documents, f"{r.fast} of {args_documents} documents fast"
 
+    def ours_arrow_from_json_parquet() -> None:
+        # The arrow validator as it was before it typed the scalars itself: from_json types all.
+        from materializer.sources import document_check
+
+        r, parsed = reader("arrow")
+        r._parsed = parsed
+        rows, verify = document_check.deferred(r, parsed, python_types=False)
+        parquet(combine(rows), "ours-arrow-from-json")
+        verify()
+
     def arrow_only_noop() -> None:
         # The validator's pass alone: lines to Python and back, no typing.
         from materializer.sources.document_check import OK, check_batches
@@ -141,6 +151,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench._latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
         "ours stage parquet, arrow validator (#25)": ours_arrow_parquet,
+        "ours stage parquet, arrow validator, from_json types all (before)": ours_arrow_from_json_parquet,
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
         "ours stage parquet, every field by the VARIANT cast (before typing from text)": ours_parquet_variant_cast,
     }
