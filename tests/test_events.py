@@ -150,9 +150,9 @@ RECORDED = Path(__file__).with_name("data") / "run_all_events.jsonl"
 
 
 def _drill_sees(lines: list[str], bindings: int = 2) -> dict[str, Any]:
-    from materializer.tools.drill import _Phase, read_event
+    from materializer.tools.drill import RunPhase, read_event
 
-    phase = _Phase(bindings)
+    phase = RunPhase(bindings)
     seen = []
     for at, line in enumerate(lines):
         kind = phase.feed(float(at), read_event(line))
