@@ -82,7 +82,7 @@ def test_cpu_per_epoch_is_the_big_epochs_total_over_their_count_not_a_median() -
     # Ours pipelines: epoch 1's interval holds epoch 2's staging, the last big epoch's only its
     # apply. The median (19) would leave out a third of what the run cost; the one-row epoch (4)
     # is not a big epoch.
-    from materializer.tools.bench import _cpu, _cpu_total
+    from materializer.tools.bench.report import _cpu, _cpu_total
 
     epochs = [
         {"epoch": 1, "python_cpu": 1.0, "jvm_cpu": 33.0},

@@ -1,7 +1,7 @@
 """A damaged recovery log or staged file, in process: the next run stops with a clear error, never
 skips the epoch, and ``recover`` repairs it (the drill's damage scenario without its six JVMs).
 
-The damage is done where the drill does it (materializer/tools/drill.py ``_damage``): a log entry torn
+The damage is done where the drill does it (materializer/tools/drill/damage.py ``do_damage``): a log entry torn
 right after its commit, nothing applied; a staged file truncated after the first binding's apply,
 the last binding's still to come. The run stops there (tests/helpers.py ``InProcessCrash``), the test
 damages the state, a new run must refuse (``RecoveryLogError``, exit 5; ``StagingError``, exit 6)

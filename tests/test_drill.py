@@ -155,10 +155,10 @@ def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None
 def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
     """Issue #11 item 12: a kill planned after the second commit of a pipeline that only ever
     commits one epoch is re-aimed at the first, with a delay inside the time the run lasted."""
-    from materializer.tools.drill import Plan, _Phase
+    from materializer.tools.drill import Plan, RunPhase
 
     drill = Drill(DrillOptions(config=pipeline(tmp_path), workdir=tmp_path / "w", seed=5))
-    phase = _Phase(bindings=2)
+    phase = RunPhase(bindings=2)
     phase.saw("opened", 10.0)
     phase.saw("read", 11.0)
     phase.saw("committed", 14.0)
@@ -170,7 +170,7 @@ def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
     kept = drill.fit(Plan("random", trigger="read", occurrence=1, delay=1.0), phase)
     assert kept == Plan("random", trigger="read", occurrence=1, delay=1.0)
     # An event a fresh run never prints: nothing to aim at (reported as unreachable, not a failure).
-    empty = _Phase(bindings=2)
+    empty = RunPhase(bindings=2)
     empty.saw("opened", 1.0)
     empty.ended = 2.0
     assert drill.fit(Plan("random", trigger="committed", occurrence=1, delay=0.5), empty) is None
@@ -368,9 +368,9 @@ def test_the_drill_chooses_epoch_sizes_that_give_a_round_five_epochs(tmp_path: P
 
 def test_a_kill_is_counted_in_the_window_it_fell_in() -> None:
     from materializer import events
-    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS, OVERLAP, DrillReport, RunRecord, _Phase
+    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS, OVERLAP, DrillReport, RunRecord, RunPhase
 
-    phase = _Phase(bindings=2)
+    phase = RunPhase(bindings=2)
     steps = [
         (events.Committed(epoch=1, documents=2, at="now"), ""),
         (events.SpanStarted(name="read", epoch=2, binding="a"), OVERLAP),

@@ -54,3 +54,19 @@ def test_the_core_contract_names_every_module_but_the_tools() -> None:
 def test_the_layers_contract_is_exhaustive() -> None:
     # Every module of materializer/ has a floor: lint-imports refuses a module the list lacks.
     assert _contracts()["layers"]["exhaustive"] is True
+
+
+def test_the_tools_and_their_packages_have_exhaustive_floors() -> None:
+    # Issue #29 item 3: the tools are small packages whose modules have floors of their own, so an
+    # import against the grain of bench/ or drill/ fails like one against the package's.
+    contracts = _contracts()
+    for contract, container in (("tools-floors", "tools"), ("bench-floors", "tools.bench"), ("drill-floors", "tools.drill")):
+        assert contracts[contract]["type"] == "layers" and contracts[contract]["exhaustive"] is True
+        assert contracts[contract]["containers"] == [f"materializer.{container}"]
+
+
+def test_no_file_of_the_tools_is_over_about_500_lines() -> None:
+    # Issue #29 item 3: each file one job; a tool that grows splits by concern (see bench/, drill/).
+    tools = REPO / "materializer" / "tools"
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sorted(tools.rglob("*.py"))}
+    assert {path: lines for path, lines in sizes.items() if lines > 500} == {}

@@ -1,0 +1,293 @@
+"""The three paths the benchmark compares, each on its own copy of the seeded table:
+
+* **ours**: the materializer end to end, in this process (and from a topic with ``--kafka``),
+  then a replayed epoch and, in subprocesses, a kill inside the MERGE and the restart that recovers;
+* **bare**: the same rows read, deduplicated, staged as Parquet and MERGEd with no exactly-once
+  machinery (the floor our apply cannot beat);
+* **peer**: Spark Structured Streaming's ``foreachBatch`` MERGE with txn ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from materializer.tools.bench.inputs import KEY, SCHEMA_DDL, copy_table, input_schema
+from materializer.tools.bench.measurement import (
+    MemorySampler,
+    OursCollector,
+    TimingCollector,
+    cpu_delta,
+    cpu_seconds,
+    epoch_phases,
+    job_names,
+    next_job_id,
+)
+from materializer.tools.bench.options import BenchOptions, session_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+REPO = Path(__file__).resolve().parents[3]  # the checkout: materializer/tools/bench/<this file>
+
+
+# --- ours -----------------------------------------------------------------------------------------
+
+
+def pipeline_config(
+    folder: Path, source: Path, table: Path, max_documents: int, pipeline_id: str, options: "BenchOptions | None" = None,
+    topic: str | None = None,
+) -> dict[str, Any]:
+    options = options or BenchOptions()
+    # One generated file per epoch, as the peer's maxFilesPerTrigger=1.
+    source_config: dict[str, Any] = {"format": "documents", "path": str(source), "max_files": 1}
+    if topic is not None:
+        # The same documents from a topic: max_records = the epoch size, so epochs match the files.
+        source_config = {"format": "kafka", "bootstrap_servers": options.kafka, "topic": topic, "max_records": max_documents}
+    if options.declared_schema:
+        source_config["schema"] = SCHEMA_DDL
+    return {
+        "pipeline_id": pipeline_id,
+        "recovery_log": str(folder / "log"),
+        "staging": str(folder / "staging"),
+        "transaction": {"max_documents": max_documents, "pipelined": options.pipelined},
+        "bindings": [{"name": "docs", "source": source_config, "table": str(table), "key": [KEY]}],
+    }
+
+
+def run_ours(
+    spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None,
+    topic: str | None = None,
+) -> dict[str, Any]:
+    from materializer.config import parse_config
+    from materializer.runtime import Runtime
+
+    cfg = parse_config(pipeline_config(work, source, table, epoch_rows, "bench-ours", options, topic), "bench")
+    collector = OursCollector(spark)
+    runtime = Runtime(cfg, spark, collector)
+    jobs_before = next_job_id(spark)
+    started = time.monotonic()
+    summary = runtime.run()
+    seconds = time.monotonic() - started
+    phases = epoch_phases(collector.events, collector.cpu)
+    previous = jobs_before
+    for phase in phases:
+        end = next((j for e, j in collector.marks if e == phase["epoch"]), None)
+        phase["spark_jobs"] = (end - previous) if end is not None and previous is not None else None
+        previous = end
+    return {"seconds": seconds, "epochs": phases, "last_epoch": summary.last_epoch, "config": cfg, "steps": collector.spans.steps}
+
+
+def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:
+    """A second run of the drained pipeline: Open re-acknowledges the last epoch, already applied."""
+    from materializer.runtime import Runtime
+
+    collector = TimingCollector()
+    jobs_before = next_job_id(spark)
+    started = time.monotonic()
+    summary = Runtime(cfg, spark, collector).run()
+    seconds = time.monotonic() - started
+    jobs_after = next_job_id(spark)
+    opened = next(ts for ts, name, _ in collector.events if name == "opened")
+    acked = next((ts for ts, name, f in collector.events if name == "acknowledged" and f.get("first")), None)
+    statuses = [r.status for r in summary.reapplied.results] if summary.reapplied else []
+    return {
+        "epoch": summary.opened_at_epoch,
+        "statuses": statuses,
+        "reapply_seconds": (acked - opened) if acked is not None else None,
+        "run_seconds": seconds,
+        "spark_jobs": (jobs_after - jobs_before) if jobs_before is not None and jobs_after is not None else None,
+        "job_names": job_names(spark, jobs_before, jobs_after),
+    }
+
+
+# --- bare -----------------------------------------------------------------------------------------
+
+
+def latest_per_key(df: "DataFrame") -> "DataFrame":
+    """Last document per key, with the operation flag: what any change-stream consumer must do.
+
+    The same hash aggregate (``max_by``) the materializer's combine uses, so the ratios measure
+    the exactly-once machinery and not a faster deduplication.
+    """
+    from pyspark.sql import functions as F
+
+    op = F.when(F.col("_meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
+    rows = df.withColumn("_op", op).drop("_meta")
+    values = [c for c in rows.columns if c != KEY]
+    # A delete document has no "updated": max_by skips NULL orderings, so give it one (keys are
+    # distinct within an epoch's file, so it never competes with an update of the same key).
+    order = F.coalesce(F.col("updated"), F.lit(-1))
+    latest = rows.groupBy(KEY).agg(F.max_by(F.struct(*values), order).alias("__last"))
+    return latest.select(KEY, *[F.col(f"__last.`{c}`").alias(c) for c in values])
+
+
+def _merge(spark: "SparkSession", table: Path, source: "DataFrame") -> Any:
+    from delta.tables import DeltaTable
+
+    columns = [c for c in source.columns if c != "_op"]
+    assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
+    return (
+        DeltaTable.forPath(spark, str(table))
+        .alias("t")
+        .merge(source.alias("s"), f"t.`{KEY}` = s.`{KEY}`")
+        .whenMatchedDelete(condition="s._op = 'd'")
+        .whenMatchedUpdate(set=assignments)
+        .whenNotMatchedInsert(condition="s._op <> 'd'", values=assignments)
+        .execute()
+    )
+
+
+def run_bare(spark: "SparkSession", work: Path, files: list[Path], table: Path) -> dict[str, Any]:
+    """Per file: JSON -> last per key -> Parquet (stage), then a plain MERGE of the Parquet (merge)."""
+    schema = input_schema()
+    epochs = []
+    started = time.monotonic()
+    for index, path in enumerate(files, start=1):
+        staged = work / "staged" / f"epoch-{index:06d}"
+        j0, t0, c0 = next_job_id(spark), time.monotonic(), cpu_seconds()
+        latest_per_key(spark.read.schema(schema).json(str(path))).write.mode("errorifexists").parquet(str(staged))
+        j1, t1 = next_job_id(spark), time.monotonic()
+        _merge(spark, table, spark.read.parquet(str(staged)))
+        j2, t2, c2 = next_job_id(spark), time.monotonic(), cpu_seconds()
+        shutil.rmtree(staged, ignore_errors=True)
+        jobs = {"stage_jobs": j1 - j0, "merge_jobs": j2 - j1} if None not in (j0, j1, j2) else {}  # type: ignore[operator]
+        cpu = cpu_delta(c0, c2)
+        epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs, **cpu})
+    return {"seconds": time.monotonic() - started, "epochs": epochs}
+
+
+# --- peer -----------------------------------------------------------------------------------------
+
+
+def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> dict[str, Any]:
+    """Structured Streaming: file source, one file per batch, foreachBatch MERGE with txn ids."""
+    from materializer.delta import TXN_APP_ID, TXN_VERSION
+
+    app_id = "bench-peer"
+    batches: list[dict[str, Any]] = []
+
+    def apply(batch: "DataFrame", batch_id: int) -> None:
+        t0 = time.monotonic()
+        session = batch.sparkSession
+        # Delta's recipe for idempotent foreachBatch MERGE: the txn confs on the batch's session.
+        session.conf.set(TXN_APP_ID, app_id)
+        session.conf.set(TXN_VERSION, str(batch_id))
+        try:
+            _merge(session, table, latest_per_key(batch))
+        finally:
+            session.conf.unset(TXN_APP_ID)
+            session.conf.unset(TXN_VERSION)
+        # CPU from the previous batch's end (the query's start): the trigger's planning included.
+        now = cpu_seconds()
+        before, cpu_mark[0] = cpu_mark[0], now
+        batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0, **cpu_delta(before, now)})
+
+    cpu_mark = [cpu_seconds()]
+    started = time.monotonic()
+    query = (
+        spark.readStream.schema(input_schema())
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.foreachBatch(apply)
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    triggers: dict[int, float] = {}
+    for progress in query.recentProgress:
+        data = progress if isinstance(progress, dict) else json.loads(progress.json)
+        if int(data.get("numInputRows", 0)) > 0:
+            triggers[int(data["batchId"])] = data["durationMs"].get("triggerExecution", 0) / 1000.0
+    epochs = []
+    for batch in batches:
+        total = triggers.get(batch["batch_id"], batch["foreach_batch"])
+        epochs.append({"epoch": batch["batch_id"] + 1, "foreach_batch": batch["foreach_batch"], "total": total,
+                       **{k: v for k, v in batch.items() if k.endswith("_cpu")}})
+    if query.exception() is not None:
+        raise RuntimeError(f"peer query failed: {query.exception()}")
+    return {"seconds": seconds, "epochs": epochs}
+
+
+# --- recovery -------------------------------------------------------------------------------------
+
+
+def run_recovery(
+    work: Path,
+    seed: Path,
+    epoch_file: Path,
+    epoch_rows: int,
+    options: BenchOptions,
+    sampler: MemorySampler | None,
+    prefix: str = "",
+) -> dict[str, Any]:
+    """Kill a subprocess run inside the MERGE of epoch 1, then time the restart that recovers it."""
+    source = work / "source"
+    source.mkdir(parents=True)
+    shutil.copy(epoch_file, source / epoch_file.name)
+    table = work / "table"
+    copy_table(seed, table)
+    data = pipeline_config(work, source, table, epoch_rows, "bench-recovery", options)
+    data["spark"] = {"master": options.master, "conf": session_conf(options)}
+    config = work / "pipeline.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = dict(os.environ)
+    env.pop("MATERIALIZER_CRASH_AT", None)
+
+    def launch(args: list[str], extra_env: dict[str, str], phase: str) -> tuple[subprocess.CompletedProcess[str], float]:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "materializer_cli", *args],
+            cwd=REPO,
+            env={**env, **extra_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if sampler is not None:
+            with sampler.phase(phase, proc.pid):
+                out, err = proc.communicate(timeout=3600)
+        else:
+            out, err = proc.communicate(timeout=3600)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - t0
+
+    crashed, crash_seconds = launch(
+        ["run", "--config", str(config), "--quiet"], {"MATERIALIZER_CRASH_AT": "mid-apply:1"}, f"{prefix}recovery-crashed-run"
+    )
+    # --max-epochs 0: Open, the first Acknowledge (the recovery), then stop; nothing new is read.
+    restart, restart_seconds = launch(
+        ["run", "--config", str(config), "--max-epochs", "0", "--json"], {}, f"{prefix}recovery-restart"
+    )
+    if restart.returncode != 0:
+        raise RuntimeError(f"recovery restart failed ({restart.returncode}): {restart.stderr[-2000:]}")
+    summary = json.loads(restart.stdout.strip().splitlines()[-1])
+    statuses = [r["status"] for r in (summary.get("reapplied") or {}).get("results", [])]
+    # Once more: now the epoch is applied, so this restart is a replay in a fresh process, where
+    # Delta's snapshot is not cached (the in-process replay above measures a warm one).
+    again, again_seconds = launch(
+        ["run", "--config", str(config), "--max-epochs", "0", "--json"], {}, f"{prefix}recovery-replay-restart"
+    )
+    again_summary = json.loads(again.stdout.strip().splitlines()[-1]) if again.returncode == 0 else {}
+    return {
+        "replay_restart_seconds": again_seconds,
+        "replay_restart_run_seconds": again_summary.get("seconds"),
+        "replay_restart_statuses": [r["status"] for r in (again_summary.get("reapplied") or {}).get("results", [])],
+        "crash_point": "mid-apply:1",
+        "crashed_returncode": crashed.returncode,
+        "crashed_run_seconds": crash_seconds,
+        "restart_seconds": restart_seconds,
+        "restart_run_seconds": summary.get("seconds"),
+        "restart_statuses": statuses,
+        "table_rows_after": None,
+        "_table": str(table),
+    }

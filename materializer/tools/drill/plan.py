@@ -1,0 +1,225 @@
+"""What a drill is asked to do: its options, the kills it plans, the windows between steps a kill
+can fall in, the scratch copy of the pipeline and the epoch sizes set on it, the failure points a
+configuration cannot reach; and the error of a drill that cannot run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from materializer.config import PipelineConfig
+from materializer.errors import MaterializerError
+
+SCENARIOS = ("kills", "zombie", "damage")
+
+BETWEEN_BINDINGS = "between two bindings' applies"
+"""A kill with some of an epoch's tables applied and others not (``after-apply`` and random kills)."""
+OVERLAP = "apply N while reading N+1"
+"""A kill while epoch N's tables are applied and epoch N+1 is already being read."""
+BETWEEN_EPOCHS = "between epochs"
+"""A kill after an epoch's last apply and before the next epoch's log commit."""
+WINDOWS = (BETWEEN_BINDINGS, OVERLAP, BETWEEN_EPOCHS)
+
+
+class DrillError(MaterializerError):
+    """The drill itself could not run (bad work folder, a run that never ends)."""
+
+    exit_code = 2
+
+
+# --- plans -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one run of the pipeline is to die."""
+
+    kind: str
+    """``point`` (MATERIALIZER_CRASH_AT), ``random`` (SIGKILL of the group by the drill), ``drain``."""
+    point: str | None = None
+    """``point``: the failure point (optionally ``point:epoch``)."""
+    trigger: str = ""
+    """``random``: the event the delay counts from: ``opened``, ``read`` or ``committed``."""
+    occurrence: int = 1
+    """``random``: which occurrence of the trigger event in the run."""
+    delay: float = 0.0
+    """``random``: seconds after the trigger; ``committed`` delays fall in the apply (MERGE) window."""
+
+    @property
+    def label(self) -> str:
+        if self.kind == "point":
+            return f"point {self.point}"
+        if self.kind == "random":
+            return f"random kill {self.delay:.2f}s after {self.trigger} #{self.occurrence}"
+        return "drain"
+
+
+@dataclass
+class DrillOptions:
+    config: Path
+    workdir: Path | None = None
+    """Scratch folder (must be empty or absent); None: a temp folder, deleted after a passing drill."""
+    scenario: str = "kills"
+    kills: int = 3
+    """Random kills (scenario ``kills``)."""
+    seed: int = 0
+    points: list[str] | None = None
+    """Failure points to kill at once each (None: every point the configuration can reach)."""
+    damages: list[str] | None = None
+    """Scenario ``damage``: which damages (None: all)."""
+    max_documents: int | None = None
+    """Override ``transaction.max_documents`` (cdcv2, kafka: more, smaller epochs give the kills more to hit)."""
+    max_files: int | None = None
+    """Override ``source.max_files`` of documents bindings (their epochs are whole files)."""
+    max_records: int | None = None
+    """Override ``source.max_records`` of kafka bindings (documents and debezium payloads)."""
+    min_epochs: int = 5
+    """Unless an override above is given: epoch sizes chosen so a round has at least this many
+    epochs (:func:`epoch_sizes`), so kills fall between epochs and not only inside the one."""
+    run_timeout: float = 900.0
+    """A single run taking longer than this is a hang: the drill kills it and fails."""
+    reader: str = "spark"
+    """How the verification reads the tables' rows: ``spark`` or ``deltalake`` (delta-rs)."""
+    remote: str | None = None
+    """A Spark Connect server (``sc://host:port``): every run is ``materializer run --remote``, so a
+    kill ends the client only and the server's operation runs on; the drill verifies through it too."""
+    keep: bool = False
+    report: Path | None = None
+
+
+# --- the scratch copy of the pipeline ----------------------------------------------------------
+
+
+def _absolute(path: str) -> str:
+    if "://" in path or path.startswith(("dbfs:", "/")):
+        return path
+    return os.path.abspath(path)
+
+
+def scratch_config(
+    config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None,
+    max_records: int | None = None, remote: str | None = None,
+) -> dict[str, Any]:
+    """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
+    # Only what the file set: a dump of every default would name other formats' settings (a
+    # documents source with kafka's `starting`), which the configuration refuses.
+    data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    data["recovery_log"] = str(root / "log")
+    data["staging"] = str(root / "staging")
+    for binding in data["bindings"]:
+        binding["table"] = str(root / "tables" / binding["name"])
+        if binding["source"].get("path") is not None:
+            binding["source"]["path"] = _absolute(binding["source"]["path"])
+    if max_documents:
+        data.setdefault("transaction", {})["max_documents"] = max_documents
+    if max_files:
+        for binding in data["bindings"]:
+            if binding["source"]["format"] == "documents":
+                binding["source"]["max_files"] = max_files
+    if remote:
+        # Every command of the round (run, recover) then runs on the server: a kill ends the client.
+        data.setdefault("spark", {})["remote"] = remote
+    if max_records:
+        for binding in data["bindings"]:
+            if binding["source"]["format"] == "kafka" and binding["source"].get("payload", "documents") != "cdcv2":
+                binding["source"]["max_records"] = max_records
+    return data
+
+
+@dataclass(frozen=True)
+class EpochSizes:
+    """What the drill sets on its scratch copy so a round has several epochs."""
+
+    max_documents: int | None = None
+    max_files: int | None = None
+    max_records: int | None = None
+    notes: tuple[str, ...] = ()
+    """One line per choice, said in the report: what was counted and what was set."""
+
+
+def _documents_files(binding: Any) -> int:
+    from materializer.sources.documents import is_document_file
+    from materializer.storage import open_store
+
+    return sum(1 for f in open_store(binding.source.path).list() if is_document_file(f.path))
+
+
+def _cdcv2_statements(binding: Any) -> int:
+    from materializer.storage import open_store
+
+    store = open_store(binding.source.path)
+    return sum(store.get(f.path).count(b"\n") for f in store.list() if not f.path.rsplit("/", 1)[-1].startswith((".", "_")))
+
+
+def _kafka_records(binding: Any) -> int:
+    from materializer.sources.kafka import Offsets
+
+    source = binding.source
+    offsets = Offsets(source.bootstrap_servers, dict(source.client_options), f"binding {binding.name}")
+    return sum(high - low for low, high in offsets.watermarks(source.topic_names).values())
+
+
+def epoch_sizes(config: PipelineConfig, options: "DrillOptions") -> EpochSizes:
+    """Epoch sizes that give a round at least ``options.min_epochs`` epochs, from what the sources
+    hold now (files of a documents folder, statements of a CDC v2 folder, records of the topics);
+    an override the user gave is kept as given. A source that cannot be counted keeps its sizes,
+    and the note says so."""
+    aim = max(1, options.min_epochs)
+    notes: list[str] = []
+    given = {k: v for k, v in (("max_files", options.max_files), ("max_documents", options.max_documents), ("max_records", options.max_records)) if v}
+    if given:
+        notes.append("epoch sizes as given: " + ", ".join(f"{k} {v}" for k, v in given.items()))
+        return EpochSizes(options.max_documents, options.max_files, options.max_records, tuple(notes))
+    max_files: int | None = None
+    max_documents: int | None = None
+    max_records: int | None = None
+    for binding in config.bindings:
+        source = binding.source
+        try:
+            if source.format == "documents":
+                files = _documents_files(binding)
+                if files and -(-files // source.max_files) < aim:
+                    fit = max(1, files // aim)
+                    max_files = fit if max_files is None else min(max_files, fit)
+                notes.append(f"{binding.name}: {files} document files, {source.max_files} an epoch")
+            elif source.format == "cdcv2" or (source.format == "kafka" and source.payload == "cdcv2"):
+                statements = _cdcv2_statements(binding) if source.format == "cdcv2" else _kafka_records(binding)
+                if statements and -(-statements // config.transaction.max_documents) < aim:
+                    fit = max(1, statements // aim)
+                    max_documents = fit if max_documents is None else min(max_documents, fit)
+                notes.append(f"{binding.name}: {statements} CDC v2 statements")
+            elif source.format == "kafka":
+                records = _kafka_records(binding)
+                per_epoch = source.max_records or config.transaction.max_documents
+                if records and -(-records // per_epoch) < aim:
+                    fit = max(1, records // aim)
+                    max_records = fit if max_records is None else min(max_records, fit)
+                notes.append(f"{binding.name}: {records} records in its topics")
+        except Exception as exc:  # noqa: BLE001 - a source the drill cannot count keeps its sizes
+            notes.append(f"{binding.name}: not counted ({str(exc).splitlines()[0][:200]}); its epoch sizes are kept")
+    current = {
+        "max_files": [b.source.max_files for b in config.bindings if b.source.format == "documents"],
+        "max_documents": [config.transaction.max_documents],
+        "max_records": [b.source.max_records or config.transaction.max_documents for b in config.bindings if b.source.format == "kafka"],
+    }
+    chosen = [
+        f"{k} {v}" for k, v in (("max_files", max_files), ("max_documents", max_documents), ("max_records", max_records))
+        if v and any(v != c for c in current[k])
+    ]
+    notes.append(
+        (f"set {', '.join(chosen)} so a round has at least {aim} epochs" if chosen else f"the configured sizes kept (as small as the sources allow, or already {aim} epochs or more)")
+        + " (--max-files / --max-documents / --max-records to choose)"
+    )
+    return EpochSizes(max_documents, max_files, max_records, tuple(notes))
+
+
+def unreachable_points(config: PipelineConfig) -> dict[str, str]:
+    out = {}
+    if not any(b.needs_loads for b in config.bindings):
+        out["mid-load"] = "no binding loads current rows (standard mode with a non-lastWriteWins reduction)"
+    if len(config.bindings) < 2:
+        out["after-apply"] = "fires between two bindings' applies; the pipeline has one binding"
+        out[BETWEEN_BINDINGS] = "the pipeline has one binding"
+    return out

@@ -1,0 +1,123 @@
+"""What a drill reports: the events ``materializer drill`` displays as it goes, and the report
+(runs, rounds, kills per point and per window, rows lost, duplicated or wrong) with its verdict."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from materializer.events import Event
+from materializer.tools.drill.kill import RunRecord
+from materializer.tools.drill.plan import WINDOWS
+from materializer.tools.drill.verification import Verification
+
+
+# --- the drill's own events (for `materializer drill`'s display) -------------------------------
+
+
+@dataclass(frozen=True)
+class RoundStarted(Event):
+    kind: ClassVar[str] = "round"
+    round: int
+    workdir: str
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    kind: ClassVar[str] = "run"
+    index: int
+    plan: str
+
+
+@dataclass(frozen=True)
+class RunEnded(Event):
+    kind: ClassVar[str] = "ran"
+    record: "RunRecord"
+
+
+@dataclass(frozen=True)
+class Verifying(Event):
+    kind: ClassVar[str] = "verifying"
+    round: int
+
+
+@dataclass(frozen=True)
+class Verified(Event):
+    kind: ClassVar[str] = "verified"
+    verification: "Verification"
+
+
+@dataclass(frozen=True)
+class Damaged(Event):
+    kind: ClassVar[str] = "damaged"
+    damage: str
+    what: str
+
+
+@dataclass
+class DrillReport:
+    scenario: str
+    config: str
+    workdir: str
+    seed: int
+    started_at: str
+    runs: list[RunRecord] = field(default_factory=list)
+    rounds: list[Verification] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """Failures of the drill's own expectations (a run that should have been fenced, …)."""
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """Failure points (and random kills) this configuration cannot reach, and why."""
+    missed: list[str] = field(default_factory=list)
+    """Planned kills that did not land (the run drained first, even fitted to a fresh pipeline):
+    timing, not a fault of the pipeline; the verdict is about the tables."""
+    epoch_sizes: list[str] = field(default_factory=list)
+    """What the drill counted in the sources and set on the scratch copy (:func:`epoch_sizes`)."""
+    seconds: float = 0.0
+    report_path: str = ""
+    stopped_early: bool = False
+    """SIGUSR1 cut the kill plan short; the verdict covers the kills made."""
+
+    @property
+    def verdict(self) -> str:
+        if self.problems or any(r.verdict == "FAIL" for r in self.rounds) or not self.rounds:
+            return "FAIL"
+        if any(r.verdict == "not verified" for r in self.rounds):
+            return "not verified"
+        return "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": 0, "FAIL": 1}.get(self.verdict, 3)
+
+    def kills(self) -> Counter[str]:
+        """Kills per failure point, and random kills per place they landed."""
+        out: Counter[str] = Counter()
+        for r in self.runs:
+            if r.outcome != "killed":
+                continue
+            out[r.point if r.kind == "point" and r.point else f"random ({r.landed or 'unknown'})"] += 1
+        return out
+
+    def windows(self) -> dict[str, int | str]:
+        """Kills per window between steps; a window this configuration cannot reach says why, and
+        a window no kill fell in reads 0 (never hit: the verdict says nothing about it)."""
+        hit = Counter(r.window for r in self.runs if r.outcome == "killed" and r.window)
+        return {w: self.unreachable.get(w, hit[w]) for w in WINDOWS}
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        data["windows"] = self.windows()
+        data["kills"] = dict(self.kills())
+        data["kills_total"] = sum(self.kills().values())
+        data["restarts"] = max(0, len(self.runs) - len(self.rounds))
+        data["rows"] = {
+            "lost": sum(t.counts.get("lost", 0) for v in self.rounds for t in v.tables),
+            "duplicated": sum(t.counts.get("duplicated", 0) for v in self.rounds for t in v.tables),
+            "wrong": sum(t.counts.get("wrong", 0) for v in self.rounds for t in v.tables),
+        }
+        for v, out in zip(self.rounds, data["rounds"]):
+            out["verdict"] = v.verdict
+            out["problems"] = v.problems
+        return data

@@ -1,0 +1,402 @@
+"""The drill: rounds on scratch copies of the pipeline, and its scenarios (``kills``, ``zombie``,
+``damage``), each ending in a verified round."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from materializer import crash
+from materializer.config import load_config, parse_config
+from materializer.errors import FencedError, RecoveryLogError, StagingError
+from materializer.events import Collector
+from materializer.tools.drill.damage import DAMAGES, do_damage
+from materializer.tools.drill.kill import RUN_EVENTS, Child, RunPhase, RunRecord, child_env, kill_live, run_once
+from materializer.tools.drill.plan import DrillError, DrillOptions, Plan, epoch_sizes, scratch_config, unreachable_points
+from materializer.tools.drill.report import Damaged, DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
+from materializer.tools.drill.verification import Verification, verify
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class Drill:
+    def __init__(self, options: DrillOptions, collector: Collector | None = None) -> None:
+        self.options = options
+        self.collector = collector or Collector()
+        self.source_config = load_config(options.config)
+        self.rng = random.Random(options.seed)
+        if options.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="materializer-drill-"))
+            self._temp = True
+        else:
+            self.workdir = options.workdir.absolute()
+            self._temp = False
+            if self.workdir.exists() and any(self.workdir.iterdir()):
+                raise DrillError(
+                    f"--workdir {self.workdir} is not empty: a drill starts from a fresh copy of the pipeline. "
+                    "Give an empty or new folder."
+                )
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        self.report = DrillReport(
+            scenario=options.scenario,
+            config=str(options.config),
+            workdir=str(self.workdir),
+            seed=options.seed,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        self.round_no = 0
+        self.config_path = Path()
+        self.config = self.source_config
+        self._spark: "SparkSession | None" = None
+        self._index = 0
+        self._runs_in_round = 0
+        self.last_phase: RunPhase | None = None
+        """The event times of the last run (for fitting random kills to the pipeline's size)."""
+        self.apply_windows: list[float] = []
+        self.stop_requested = False
+        self.sizes = epoch_sizes(self.source_config, options)
+        self.report.epoch_sizes = list(self.sizes.notes)
+
+    # --- rounds ---
+
+    def new_round(self) -> None:
+        self.round_no += 1
+        root = self.workdir / f"round-{self.round_no:03d}"
+        root.mkdir(parents=True)
+        (root / "runs").mkdir()
+        sizes = self.sizes
+        data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote)
+        self.config = parse_config(data, "drill scratch config")
+        self.config_path = root / "pipeline.yaml"
+        self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        self._runs_in_round = 0
+        self.collector.emit(RoundStarted(round=self.round_no, workdir=str(root)))
+
+    @property
+    def root(self) -> Path:
+        return self.config_path.parent
+
+    def spark(self) -> "SparkSession":
+        if self._spark is None:
+            from materializer.spark import config_session
+
+            # The config's master even when it names a Connect server: the drill reads the tables
+            # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
+            self._spark = config_session(
+                self.config, master=self.config.spark.master, remote=self.options.remote, app_name="materializer-drill"
+            )
+        return self._spark
+
+    def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
+        self._index += 1
+        self.collector.emit(RunStarted(index=self._index, plan=plan.label))
+        record, phase = run_once(
+            self.config_path,
+            plan,
+            bindings=len(self.config.bindings),
+            round_no=self.round_no,
+            index=self._index,
+            log_path=self.root / "runs" / f"{self._index:04d}.log",
+            timeout=self.options.run_timeout,
+            extra_args=extra_args,
+        )
+        self._runs_in_round += 1
+        self.last_phase = phase
+        self.apply_windows += phase.apply_windows
+        self.report.runs.append(record)
+        self.collector.emit(RunEnded(record=record))
+        return record
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        """Run another ``materializer`` command (recover) to the end; its exit code and output."""
+        self._index += 1
+        log_path = self.root / "runs" / f"{self._index:04d}-{args[0]}.log"
+        child = Child([*args, "--config", str(self.config_path)], child_env(), log_path)
+        for _item in child.items():
+            pass
+        code = child.finish()
+        return code, log_path.read_text()
+
+    def verify_round(self) -> Verification:
+        self.collector.emit(Verifying(round=self.round_no))
+        result = verify(self.config, self.spark(), self.round_no, self.options.reader)
+        self.report.rounds.append(result)
+        self.collector.emit(Verified(verification=result))
+        return result
+
+    def drain(self) -> bool:
+        """Run without kills until a run exits 0; False if the pipeline cannot finish."""
+        for _attempt in range(3):
+            record = self.run(Plan("drain"))
+            if record.outcome == "finished":
+                return True
+            if record.outcome == "failed":
+                self.report.problems.append(f"run {record.index} ({record.plan}) failed, exit {record.exit_code}:\n{record.error}")
+                return False
+        self.report.problems.append("the pipeline did not finish after 3 clean runs")
+        return False
+
+    # --- scenario: kills ---
+
+    def plans(self) -> list[Plan]:
+        points = self.options.points if self.options.points is not None else list(crash.POINTS)
+        for p in points:
+            crash.parse(p)  # unknown names are errors, before anything runs
+        requested = {p.split(":")[0] for p in points}
+        self.report.unreachable = {p: why for p, why in unreachable_points(self.source_config).items() if p in requested}
+        plans = [Plan("point", point=p) for p in points if p.split(":")[0] not in self.report.unreachable]
+        for _ in range(self.options.kills):
+            roll = self.rng.random()
+            if roll < 0.6:
+                # After a log commit the apply (its MERGE) starts at once: a delay within the window
+                # apply takes lands most of these kills inside the Spark job.
+                plans.append(Plan("random", trigger="committed", occurrence=self.rng.choice((1, 1, 2)), delay=self.rng.random()))
+            elif roll < 0.8:
+                plans.append(Plan("random", trigger="read", occurrence=self.rng.choice((1, 2)), delay=self.rng.random() * 1.5))
+            else:
+                plans.append(Plan("random", trigger="opened", occurrence=1, delay=self.rng.random() * 4.0))
+        return plans
+
+    def _scale(self, plan: Plan) -> Plan:
+        # Stretch "committed" delays to the apply time measured so far on this machine.
+        if plan.kind == "random" and plan.trigger == "committed" and self.apply_windows:
+            window = statistics.median(self.apply_windows)
+            return Plan("random", trigger=plan.trigger, occurrence=plan.occurrence, delay=plan.delay * window)
+        return plan
+
+    def fit(self, plan: Plan, phase: "RunPhase") -> Plan | None:
+        """``plan`` re-aimed at what a fresh pipeline's run showed, or None if it has nothing to aim at.
+
+        A small pipeline (all its documents in one epoch, say) never commits a second epoch, so a
+        kill planned after ``committed #2`` cannot land however often it is tried: aim at an
+        occurrence the run had, and (for delays counted in seconds) within the time the run
+        lasted after it.
+        """
+        times = phase.times.get(plan.trigger, [])
+        if not times:
+            return None
+        occurrence = min(plan.occurrence, len(times))
+        delay = plan.delay
+        if plan.trigger != "committed" and phase.ended is not None:
+            # "committed" delays are fractions of the apply window (see _scale); others are seconds.
+            window = max(0.0, phase.ended - times[occurrence - 1])
+            if delay >= 0.8 * window:
+                delay = self.rng.random() * 0.8 * window
+        return Plan(plan.kind, point=plan.point, trigger=plan.trigger, occurrence=occurrence, delay=delay)
+
+    def kill_once(self, plan: Plan) -> bool:
+        """Run under ``plan`` until its kill lands, restarting on fresh rounds when the sources
+        drain first; False if a run failed (the drill stops there)."""
+        aimed = plan
+        fitted = False
+        while True:
+            fresh = self._runs_in_round == 0
+            record = self.run(self._scale(aimed))
+            if record.outcome == "killed":
+                return True
+            if record.outcome == "failed":
+                self.report.problems.append(
+                    f"run {record.index} ({record.plan}) failed with exit {record.exit_code} instead of recovering:\n{record.error}"
+                )
+                self.verify_round()
+                return False
+            # Drained before the kill: verify this round and go again on a fresh copy.
+            self.verify_round()
+            self.new_round()
+            if not fresh:
+                continue  # a fresh pipeline has the most left to do: try there
+            if plan.kind != "random":
+                self.report.unreachable[plan.label] = "a fresh pipeline ran to the end without reaching it"
+                return True
+            if fitted:
+                self.report.missed.append(f"{aimed.label}: the run drained first, twice on a fresh pipeline")
+                return True
+            assert self.last_phase is not None
+            refit = self.fit(plan, self.last_phase)
+            if refit is None:
+                self.report.unreachable[plan.label] = f"a fresh pipeline's run prints no {plan.trigger!r} event"
+                return True
+            aimed, fitted = refit, True
+
+    def kills(self, tick: Callable[[], None] = lambda: None) -> None:
+        self.new_round()
+        for plan in self.plans():
+            if self.stop_requested:
+                self.report.stopped_early = True
+                break
+            if not self.kill_once(plan):
+                return
+            tick()
+        self.drain()
+        self.verify_round()
+        tick()
+
+    # --- scenario: zombie ---
+
+    def zombie(self, tick: Callable[[], None] = lambda: None) -> None:
+        self.new_round()
+        self._index += 1
+        log_a = self.root / "runs" / f"{self._index:04d}-zombie.log"
+        started = time.monotonic()
+        zombie = Child(["run", "--config", str(self.config_path), *RUN_EVENTS], child_env(), log_a)
+        phase = RunPhase(len(self.config.bindings))
+        pause_at: float | None = None
+        delay = self.rng.random() * 0.5
+        for at, typed, line in zombie.items(timeout=self.options.run_timeout):
+            if typed is None:
+                zombie.output.append(line)
+            if phase.feed(at, typed) == "committed" and pause_at is None:
+                pause_at = at + delay
+                while time.monotonic() < pause_at:
+                    time.sleep(0.005)
+                # Pause the whole group (Python and JVM) right after its first log commit,
+                # possibly inside that epoch's MERGE.
+                zombie.signal_group(signal.SIGSTOP)
+                break
+        if pause_at is None:
+            zombie.finish()
+            self.report.problems.append("zombie run ended before committing an epoch: the source is too small")
+            return
+        landed = phase.phase
+        tick()
+        fresh = self.run(Plan("drain"))
+        tick()
+        zombie.signal_group(signal.SIGCONT)
+        for _item in zombie.items(timeout=self.options.run_timeout):
+            pass
+        code = zombie.finish()
+        text = log_a.read_text()
+        self.report.runs.append(
+            RunRecord(
+                round=self.round_no,
+                index=self._index,
+                plan=f"zombie: paused {delay:.2f}s after its first commit, resumed after the new run ended",
+                kind="zombie",
+                point=None,
+                exit_code=code,
+                outcome="fenced" if code == FencedError.exit_code else ("finished" if code == 0 else "failed"),
+                landed=landed,
+                seconds=round(time.monotonic() - started, 2),
+                committed=phase.committed,
+                error="\n".join(l for l in text.splitlines() if l.startswith("error:"))[-2000:],
+            )
+        )
+        if fresh.outcome != "finished":
+            self.report.problems.append(f"the new run did not finish (exit {fresh.exit_code}):\n{fresh.error}")
+        if code != FencedError.exit_code or "fenced" not in text:
+            self.report.problems.append(
+                f"the paused run exited {code} instead of being fenced (exit {FencedError.exit_code}); see {log_a}"
+            )
+        self.verify_round()
+        tick()
+
+    # --- scenario: damage ---
+
+    def damage(self, tick: Callable[[], None] = lambda: None) -> None:
+        from materializer.recovery_log import RecoveryLog
+        from materializer.storage import open_store
+
+        damages = self.options.damages or list(DAMAGES)
+        self.new_round()
+        # Each damage is done to a different epoch of one pipeline: crash where it leaves the
+        # damaged thing unapplied, damage it, check the next run refuses, recover, go on.
+        setups = {
+            # the commit entry of the epoch is durable, nothing applied yet
+            "torn-log": ("after-log-commit", RecoveryLogError.exit_code),
+            # every table applied the epoch, its entry is then damaged: recover must see that
+            "corrupt-log": ("after-ack-before-gc", RecoveryLogError.exit_code),
+            "missing-staged": ("after-log-commit", StagingError.exit_code),
+            # the first binding applied, the last binding's staged file is then truncated
+            "truncated-staged": ("after-apply" if len(self.config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
+        }
+        log = RecoveryLog(open_store(self.config.recovery_log), self.config.pipeline_id)
+        staging = open_store(self.config.staging_root)
+        epoch = 1
+        for name in damages:
+            if name not in setups:
+                raise DrillError(f"unknown damage {name!r}; known: {', '.join(DAMAGES)}")
+            point, want_code = setups[name]
+            epoch += 1
+            record = self.run(Plan("point", point=f"{point}:{epoch}"))
+            if record.outcome != "killed":
+                self.report.problems.append(f"{name}: the run did not stop at {point}:{epoch} ({record.outcome}); source too small?")
+                break
+            what = do_damage(name, log, staging, self.config)
+            self.collector.emit(Damaged(damage=name, what=what))
+            failed = self.run(Plan("drain"))
+            text = (self.root / "runs" / f"{failed.index:04d}.log").read_text()
+            failed.plan = f"after {name}: {what}"
+            if failed.exit_code != want_code:
+                self.report.problems.append(
+                    f"{name} ({what}): the next run exited {failed.exit_code}, expected {want_code} (a clear error)"
+                )
+                break
+            if "materializer recover" not in text:
+                self.report.problems.append(f"{name}: the error does not say how to recover:\n{failed.error}")
+            code, out = self.cli("recover")
+            self.report.runs.append(
+                RunRecord(self.round_no, self._index, f"recover after {name}", "recover", None, code,
+                          "finished" if code == 0 else "failed", error="" if code == 0 else out[-2000:])
+            )
+            if code != 0:
+                self.report.problems.append(f"{name}: `materializer recover` failed (exit {code}):\n{out[-2000:]}")
+                break
+            tick()
+        self.drain()
+        self.verify_round()
+        tick()
+
+    # --- all ---
+
+    def execute(self, tick: Callable[[], None] = lambda: None) -> DrillReport:
+        started = time.monotonic()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            # A drill stopped by SIGTERM (a CI timeout) must not leave its runs and JVMs behind.
+            previous = signal.signal(signal.SIGTERM, _interrupt)
+            # SIGUSR1: stop killing after the current run, then drain and verify as usual
+            # (a long drill cut short still ends with a verdict on the kills it made).
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "stop_requested", True))
+        try:
+            getattr(self, self.options.scenario)(tick)
+        finally:
+            kill_live()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.report.seconds = round(time.monotonic() - started, 1)
+            if self._spark is not None:
+                self._spark.stop()
+        path = self.options.report or (self.workdir / "drill-report.json")
+        self.report.report_path = str(path)
+        if self._temp and not self.options.keep and self.report.verdict == "pass":
+            # A passing drill in a temp folder leaves only its report; a failing one keeps
+            # everything (tables, log, staging, each run's output) for the post-mortem.
+            for round_dir in self.workdir.glob("round-*"):
+                shutil.rmtree(round_dir, ignore_errors=True)
+        path.write_text(json.dumps(self.report.to_json(), indent=2, default=str))
+        return self.report
+
+    def planned(self) -> int:
+        """Steps the progress bar counts."""
+        if self.options.scenario == "kills":
+            points = self.options.points if self.options.points is not None else list(crash.POINTS)
+            reachable = [p for p in points if p.split(":")[0] not in unreachable_points(self.source_config)]
+            return len(reachable) + self.options.kills + 1
+        if self.options.scenario == "zombie":
+            return 3
+        return len(self.options.damages or DAMAGES) + 1
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"drill stopped by signal {signum}")

@@ -1,0 +1,195 @@
+"""A round's verification: every table against the oracle (read by Spark or by delta-rs), each
+epoch at most once in each table's Delta history, the epoch a table records against the recovery
+log's, no orphaned staged file, a log that reads back whole."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from materializer.config import PipelineConfig
+from materializer.errors import RecoveryLogError
+from materializer.tools import oracle
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class TableCheck:
+    binding: str
+    table: str
+    verified: bool
+    reason: str = ""
+    expected_rows: int = 0
+    actual_rows: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    duplicated: list[dict[str, Any]] = field(default_factory=list)
+    wrong: list[dict[str, Any]] = field(default_factory=list)
+    recorded_epoch: int | None = None
+    """The txnVersion Delta records for the pipeline."""
+    expected_epoch: int | None = None
+    """The last epoch with input for this binding (oracle), when known."""
+    history_epochs: int = 0
+    epochs_applied_twice: list[int] = field(default_factory=list)
+    epochs_missing: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verification:
+    round: int
+    last_epoch: int = 0
+    """The recovery log's last committed epoch."""
+    log_entries: int = 0
+    log_problems: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    tables: list[TableCheck] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        out = list(self.log_problems)
+        if self.orphans:
+            out.append(f"{len(self.orphans)} orphaned file(s) in the staging store: {', '.join(self.orphans[:5])}")
+        for t in self.tables:
+            out += [f"{t.binding}: {p}" for p in t.problems]
+        return out
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return "FAIL"
+        if any(not t.verified for t in self.tables):
+            return "not verified"
+        return "pass"
+
+
+def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, reader: str = "spark") -> Verification:
+    """Tables against the oracle, Delta history against the log, staging empty, log whole.
+
+    ``reader``: how the tables' rows are read, ``spark`` (Delta's own reader) or ``deltalake``
+    (delta-rs, no JVM: a reader independent of the one that wrote them; path tables only)."""
+    from materializer.delta import history, table_state
+    from materializer.tables import TableRef
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    result = Verification(round=round_no)
+    log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+    last_commit = None
+    try:
+        entries = log.entries()
+    except RecoveryLogError as exc:
+        result.log_problems.append(f"recovery log does not read back: {exc}")
+        entries = []
+    result.log_entries = len(entries)
+    previous = None
+    for entry in entries:
+        if entry.kind != "commit":
+            continue
+        if previous is not None:
+            recovered = entry.writer.startswith("recover-") and entry.epoch == previous.epoch
+            if entry.epoch != previous.epoch + 1 and not recovered:
+                result.log_problems.append(
+                    f"log sequence {entry.seq} commits epoch {entry.epoch} right after epoch {previous.epoch}"
+                )
+        previous = last_commit = entry
+    seqs = [e.seq for e in entries]
+    if seqs and seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+        result.log_problems.append(f"log sequence numbers have a gap: {seqs}")
+    result.last_epoch = last_commit.epoch if last_commit else 0
+
+    # Orphans are what no run will ever delete: files of the staging area that the next Open
+    # keeps although no committed entry needs them (applied epochs' staged files, files outside
+    # the areas Open cleans). What a run killed or fenced after the last Open left in staged/,
+    # spool/ or _tmp/ (or as a temp file in the log) is the next Open's to delete, not a leak.
+    from materializer.staging import StagingArea, dataset_of
+
+    area = StagingArea.of(config)
+    pending = last_commit.driver_checkpoint if last_commit is not None else None
+    _cleaned, kept = area.open_cleans(pending)
+    needed = set()
+    if pending is not None:
+        for name, staged in pending.staged.items():
+            binding = next((b for b in config.bindings if b.name == name), None)
+            recorded = table_state(spark, TableRef(binding.table), config.pipeline_id).txn_version if binding else None
+            if staged is not None and (recorded or 0) < pending.epoch:
+                needed.add(staged.uri)  # committed, not yet applied: the next run applies it
+    result.orphans = [p for p in kept if dataset_of(p) not in needed]
+    result.orphans += area.outside_areas()
+
+    expectations = oracle.expected_all(config)
+    known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
+    if len(known) == len(config.bindings) and max(known, default=0) != result.last_epoch:
+        result.log_problems.append(
+            f"the recovery log ends at epoch {result.last_epoch}; the sources make {max(known, default=0)} epochs"
+        )
+    for binding in config.bindings:
+        exp = expectations[binding.name]
+        ref = TableRef(binding.table)
+        state = table_state(spark, ref, config.pipeline_id)
+        rows: list[dict[str, Any]] = []
+        if state.exists and reader == "deltalake" and ref.is_path:
+            rows = _rows_by_delta_rs(ref.location)
+        elif state.exists:
+            df = spark.read.format("delta").load(ref.location) if ref.is_path else spark.table(ref.location)
+            # A drill table is small; the oracle is plain Python, so the rows come to the driver.
+            rows = [r.asDict(recursive=True) for r in df.collect()]
+        cmp = oracle.compare(exp, rows, binding.key)
+        check = TableCheck(
+            binding=binding.name,
+            table=str(ref),
+            verified=exp.verified,
+            reason=exp.reason,
+            expected_rows=cmp.expected_rows,
+            actual_rows=cmp.actual_rows,
+            counts=dict(cmp.counts),
+            lost=cmp.lost,
+            duplicated=cmp.duplicated,
+            wrong=cmp.wrong,
+            recorded_epoch=state.txn_version,
+            expected_epoch=exp.epochs if exp.verified else None,
+        )
+        for kind in ("lost", "duplicated", "wrong"):
+            if cmp.counts[kind]:
+                keys = ", ".join(json.dumps(d["key"]) for d in getattr(cmp, kind)[:10])
+                check.problems.append(f"{cmp.counts[kind]} row(s) {kind} (keys {keys})")
+        tagged = [
+            h["tag"]["epoch"]
+            for h in history(spark, ref)
+            if h["tag"] and h["tag"].get("pipeline") == config.pipeline_id and h["tag"].get("binding") == binding.name
+        ]
+        check.history_epochs = len(tagged)
+        check.epochs_applied_twice = sorted(e for e, n in Counter(tagged).items() if n > 1)
+        if check.epochs_applied_twice:
+            check.problems.append(f"Delta history holds epochs {check.epochs_applied_twice} more than once")
+        recorded = state.txn_version or 0
+        if tagged and max(tagged) != recorded:
+            check.problems.append(f"history's last epoch {max(tagged)} differs from the txn version {recorded}")
+        if recorded > result.last_epoch:
+            check.problems.append(f"table records epoch {recorded}, beyond the log's last epoch {result.last_epoch}")
+        if exp.verified and exp.epochs is not None:
+            check.epochs_missing = sorted(set(range(1, exp.epochs + 1)) - set(tagged))
+            if check.epochs_missing:
+                check.problems.append(f"Delta history lacks epochs {check.epochs_missing[:20]}")
+            if recorded != exp.epochs:
+                check.problems.append(f"table records epoch {recorded}; its source's input ends at epoch {exp.epochs}")
+        elif last_commit and last_commit.driver_checkpoint and binding.name in last_commit.driver_checkpoint.staged:
+            if recorded != result.last_epoch:
+                check.problems.append(f"table records epoch {recorded}; the log's last epoch is {result.last_epoch}")
+        result.tables.append(check)
+    return result
+
+
+def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
+    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them, through
+    its QueryBuilder, which applies deletion vectors (``to_pyarrow_table`` refuses such a table)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder  # a core dependency (status reads the Delta log with it)
+
+    path = location[len("file:") :] if location.startswith("file:") else location
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+    return pa.table(reader.read_all()).to_pylist()
