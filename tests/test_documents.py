@@ -10,13 +10,8 @@ import pytest
 
 from materializer.config import BindingConfig
 from materializer.errors import ConfigError, SourceError
-from materializer.sources.documents import (
-    DocumentsSource,
-    is_document_file,
-    parse_shape,
-    plan_epoch,
-    shape_problems,
-)
+from materializer.sources.documents import DocumentsSource, is_document_file, plan_epoch
+from materializer.sources.json_documents import parse_shape, shape_problems
 from materializer.storage import FileInfo
 from materializer.storage.local import LocalStore
 
@@ -475,7 +470,7 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from materializer.sources.documents import _typed
+    from materializer.sources.json_documents import _typed
 
     generator = random.Random(12)
     decimals = []

@@ -12,7 +12,7 @@ from materializer import reductions
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
 from materializer.sources import SourceBatch
-from materializer.sources.documents import _Reader
+from materializer.sources.json_documents import DocumentReader
 from tests.helpers import binding, table_rows, write_jsonl
 from tests.test_documents import declared, write
 from tests.test_holes import config_with, files_under, last_epoch
@@ -75,7 +75,7 @@ def test_a_deferred_check_counts_and_stages_every_good_document_in_one_parse(spa
     def no_check_job(*_args: Any) -> Any:
         raise AssertionError("the separate check job ran: the epoch is parsed twice")
 
-    monkeypatch.setattr(_Reader, "check", no_check_job)
+    monkeypatch.setattr(DocumentReader, "check", no_check_job)
     batch = src.next_batch(spark, None, 100, "x")
     assert batch is not None
     assert staged_then_verified(batch, src.binding, tmp_path / "out") == 3

@@ -327,7 +327,7 @@ FAST_JSON = "__j"
 
 
 def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[Any, Callable[[], int]]:
-    """The documents reader's deferred checks (``_Reader.deferred``), fast documents first: one
+    """The documents reader's deferred checks (``DocumentReader.deferred``), fast documents first: one
     Spark job reads the lines, marks the fast ones in Arrow batches and types their top-level
     scalars there (:func:`python_typed`; their other fields with ``from_json``), and sends the
     others down the VARIANT route (parse, the staging job's lean checks, cast), all
@@ -347,11 +347,11 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     from materializer.sources.json_text import parse_one
 
     declared = reader.declared
-    assert declared is not None and reader._lines is not None
-    reader._parsed = parsed
+    assert declared is not None and reader.lines is not None
+    reader.deferred_documents = parsed
     value = F.col("value")
     blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
-    lines = reader._lines.where(value.startswith("{") | ~blank)  # as the VARIANT route skips blank lines
+    lines = reader.lines.where(value.startswith("{") | ~blank)  # as the VARIANT route skips blank lines
     fields = python_typed(json.loads(declared.json()), reader.hidden) if python_types else []
     by_python = {name: declared[name].dataType for name, _dtype in fields}
     # The other declared fields (nested, or of a type whose value makes no document fast unless
@@ -378,22 +378,22 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         # FAILFAST: a value from_json cannot read fails the job (explain names the document), it
         # never lands as a NULL.
         staged = staged.withColumn(FAST_JSON, F.when(ok, F.from_json(value, T.StructType(by_spark), {"mode": "FAILFAST"})))
-    checked = staged.withColumn("__parts", F.when(~ok, reader._parts(lean=True))).withColumn(
+    checked = staged.withColumn("__parts", F.when(~ok, reader.variant_parts(lean=True))).withColumn(
         "__problem", F.when(~ok, reader.problem(lean=True))
     )
     tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
-    good = checked.observe(tallies, *reader._tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
+    good = checked.observe(tallies, *reader.tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
 
     def verify() -> int:
         row = tallies.get
         reader.fast = int(row["fast"])
         shape = row["shape"]
-        if row["bad"] or (shape is not None and reader._single_problems(parse_shape(shape))):
+        if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
             reader.check(parsed)  # the VARIANT route over every document names the refused ones
             raise SourceError(
                 f"{reader.store.uri}: a document of this transaction is refused by the staging job's checks but "
                 f"not by the full checks; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and "
-                "report this as a bug. " + reader._hint()
+                "report this as a bug. " + reader.hint()
             )
         return int(row["n"])
 
@@ -425,13 +425,13 @@ def explain(reader: Any, text: str) -> Any:
         return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
     if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
         return None
-    if reader._parsed is not None:
+    if reader.deferred_documents is not None:
         try:
-            reader.check(reader._parsed)
+            reader.check(reader.deferred_documents)
         except SourceError as located:
             return located
     return SourceError(
         f"{reader.store.uri}: Spark's JSON parser (from_json, with source.schema) could not read a document that "
         f"every check passed; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and report this as "
-        "a bug. " + reader._hint()
+        "a bug. " + reader.hint()
     )

@@ -26,7 +26,7 @@ checkpoint (``lost``).
 Payloads (``source.payload``):
 
 - ``documents``: the value is a JSON document, read and checked exactly as the documents source
-  does (its ``_Reader``: ``try_parse_json`` to VARIANT, one aggregate of checks and
+  does (:class:`~materializer.sources.json_documents.DocumentReader`: ``try_parse_json`` to VARIANT, one aggregate of checks and
   ``schema_of_variant_agg``), ``_meta.op = "d"`` deletes the key. A null value (a tombstone) is
   refused: it names no key. With ``key_from: message`` the key fields come from the record's key
   (a JSON object, or one scalar) and a tombstone deletes that key, as in a compacted topic.
@@ -57,7 +57,7 @@ from materializer.dead_letters import split
 from materializer.errors import ConfigError, SourceError
 from materializer.columns import OP, SEQ
 from materializer.sources import Source, SourceBatch
-from materializer.sources.documents import LINE_SHOWN, FIRST_FAILURES, _change_controlled, _Reader, parse_schema
+from materializer.sources.json_documents import LINE_SHOWN, FIRST_FAILURES, DocumentReader, change_controlled, parse_schema
 from materializer.sources import debezium_types as dbz
 from materializer.sources.json_text import parse_one
 from materializer.storage import Store
@@ -634,7 +634,7 @@ class KafkaSource(Source):
             placeholder=config.unavailable_value, keep_stored=self.binding.placeholders_kept,
             dead_letter=self.binding.on_invalid == "dead_letter",
         )
-        _change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
+        change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
@@ -727,7 +727,7 @@ def null_envelope(value: "Column") -> "Column":
 
 
 
-class _KafkaReader(_Reader):
+class _KafkaReader(DocumentReader):
     """The documents reader with records in place of lines: ``_seq`` is (topic, partition, offset),
     errors name records, and Debezium events become documents before the same checks."""
 
@@ -995,14 +995,14 @@ class _KafkaReader(_Reader):
             F.col("__record.value").alias("value"),
         )
 
-    def _tallies(self) -> list["Column"]:
+    def tallies(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
         # The documents reader would collect the bad documents' files: records have none (the bad
         # ones are found again by their __problem).
         dead_letter, self.dead_letter = self.dead_letter, False
         try:
-            tallies = super()._tallies()
+            tallies = super().tallies()
         finally:
             self.dead_letter = dead_letter
         if dead_letter:
@@ -1095,16 +1095,16 @@ class _KafkaReader(_Reader):
             .collect()
         )
         if not found:
-            return SourceError(f"{self.store.uri}: {'; '.join(problems or ['a record is refused'])}. {self._hint()}", file=self.store.uri)
+            return SourceError(f"{self.store.uri}: {'; '.join(problems or ['a record is refused'])}. {self.hint()}", file=self.store.uri)
         reports = []
         for item in found:
             seq = item[SEQ]
             problem = item["__problem"] or self._why(item["text"] or "", problems)
             reports.append(f"{self.store.uri} topic {seq['topic']} partition {seq['partition']} offset {seq['offset']}: {problem}")
         more = f" ({bad} bad record(s) in this transaction)" if bad and bad > len(found) else ""
-        return SourceError(".\n".join(reports) + f".{more} {self._hint()}", file=self.store.uri, line=int(found[0][SEQ]["offset"]))
+        return SourceError(".\n".join(reports) + f".{more} {self.hint()}", file=self.store.uri, line=int(found[0][SEQ]["offset"]))
 
-    def _hint(self) -> str:
+    def hint(self) -> str:
         return (
             "Fix the producer and write corrected records after them (a topic's records cannot be changed): nothing "
             "from this transaction was applied, and the run resumes from "

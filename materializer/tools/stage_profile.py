@@ -9,7 +9,7 @@ seconds. Variants ending in ``noop`` write to Spark's ``noop`` sink, so they mea
 parsing and checking alone; the ``parquet`` ones combine (last per key) and write Parquet as a
 staging job does. Compare figures of one run only: they are taken side by side on one machine.
 
-The variants are built from the source's own code (``_Reader``), the bench's bare path, and the
+The variants are built from the source's own code (``DocumentReader``), the bench's bare path, and the
 alternatives a reader could take (Spark's JSON parser, ``from_json``, ``json_object_keys``), so
 the cost of each piece shows as a difference between two lines.
 """
@@ -30,7 +30,8 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     from materializer import reductions
     from materializer.config import BindingConfig
-    from materializer.sources.documents import _Reader, plan_epoch
+    from materializer.sources.documents import plan_epoch
+    from materializer.sources.json_documents import DocumentReader
     from materializer.storage import open_store
     from materializer.tools import bench
 
@@ -39,9 +40,9 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
     path = str(next(folder.glob("*.jsonl")))
     args_documents = documents
 
-    def reader(validator: str = "variant") -> tuple[_Reader, Any]:
+    def reader(validator: str = "variant") -> tuple[DocumentReader, Any]:
         found, legacy = store.list(), []
-        r = _Reader(spark, store, [bench.KEY], declared, None)
+        r = DocumentReader(spark, store, [bench.KEY], declared, None)
         r.validator = validator
         return r, r.parsed(plan_epoch(found, None, 1000, 1 << 40, store.uri, legacy))
 
@@ -98,7 +99,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         from materializer.sources import document_check
 
         r, parsed = reader("arrow")
-        r._parsed = parsed
+        r.deferred_documents = parsed
         rows, verify = document_check.deferred(r, parsed, python_types=False)
         parquet(combine(rows), "ours-arrow-from-json")
         verify()
@@ -121,13 +122,13 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
         r, parsed = reader()
         tallies = Observation(f"profile_{uuid.uuid4().hex[:12]}")
-        good = r.checked(parsed).observe(tallies, *r._tallies()).where(F.col("__problem").isNull())
+        good = r.checked(parsed).observe(tallies, *r.tallies()).where(F.col("__problem").isNull())
         parquet(combine(r.rows(good, declared)), "ours-full")
         assert tallies.get["bad"] == 0
 
     def ours_parquet_variant_cast() -> None:
         # The staging job as it was before the fifth pass: every field typed by the VARIANT cast.
-        from materializer.sources import documents
+        from materializer.sources import json_documents as documents
 
         by_text = documents._by_text
         documents._by_text = lambda dtype: False
