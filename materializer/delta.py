@@ -266,6 +266,73 @@ def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str
         return None
 
 
+def latest_version(spark: "SparkSession", table: TableRef) -> int | None:
+    """The table's latest version, read by delta-rs where its answer is trusted (a path the
+    session's Spark sees as this process does: :func:`table_state`'s fast path), else by Spark's
+    ``DESCRIBE HISTORY`` (:func:`table_version`, 2 Spark jobs). None: no table.
+
+    For the report after an apply and the skip check of an append (one commit more, or none)."""
+    opened = _open_with_delta_rs(spark, table)
+    return int(opened.version()) if opened is not None else table_version(spark, table)
+
+
+def metadata_fingerprint(spark: "SparkSession", table: TableRef) -> str | None:
+    """What the table's schema and properties are a function of, read by delta-rs in milliseconds
+    where its answer is trusted: the latest Metadata action (id, schema, partition columns,
+    configuration: constraints, column mapping, type widening …) and Protocol action. Equal
+    fingerprints, equal facts (:func:`schema_and_properties`); any commit that changes them (an
+    ALTER, a schema evolution, another writer replacing the table) changes it, a commit that only
+    adds or removes files does not. None where delta-rs cannot say (a catalog table, a Spark
+    Connect session's local path, a store or feature it cannot read, no table)."""
+    opened = _open_with_delta_rs(spark, table)
+    if opened is None:
+        return None
+    metadata, protocol = opened.metadata(), opened.protocol()
+    return json.dumps(
+        {
+            "id": metadata.id,
+            "schema": opened.schema().to_json(),
+            "partition_columns": list(metadata.partition_columns),
+            "configuration": dict(metadata.configuration),
+            "protocol": [
+                protocol.min_reader_version, protocol.min_writer_version,
+                sorted(protocol.reader_features or []), sorted(protocol.writer_features or []),
+            ],
+        },
+        sort_keys=True,
+    )
+
+
+def _open_with_delta_rs(spark: "SparkSession", table: TableRef) -> Any:
+    """The table's latest snapshot in delta-rs (a ``deltalake.DeltaTable``), where its answer is
+    trusted (see :func:`_delta_rs_sees`); None where it cannot say and Spark must."""
+    if not table.is_path or table.location in _DELTA_RS_CANNOT or not _delta_rs_sees(spark, table):
+        return None
+    try:
+        from deltalake import DeltaTable as RustDeltaTable
+        from deltalake.exceptions import TableNotFoundError
+    except ImportError:
+        return None
+    uri, options = _delta_rs_uri(table)
+    try:
+        return RustDeltaTable(uri, storage_options=options)
+    except TableNotFoundError:
+        return None  # not yet: Spark, which creates it, says so
+    except Exception:  # noqa: BLE001 - a store or feature delta-rs cannot read: Spark answers, from now on
+        _DELTA_RS_CANNOT.add(table.location)
+        return None
+
+
+def _delta_rs_uri(table: TableRef) -> tuple[str, dict[str, str] | None]:
+    """A path table's location and storage options as delta-rs takes them."""
+    uri = table.location
+    if uri.startswith(("s3://", "s3a://", "s3n://")):
+        return "s3://" + uri.split("://", 1)[1], delta_rs_storage_options(os.environ)
+    if uri.startswith("file:"):
+        uri = uri[len("file:") :]
+    return uri, None
+
+
 def delta_rs_storage_options(env: "Mapping[str, str]") -> dict[str, str]:
     """delta-rs (object_store) S3 options from the standard AWS environment, as s3a gets them."""
     options: dict[str, str] = {}

@@ -37,7 +37,18 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import crash, events
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, detail, exists, quote, read_table, schema_and_properties, table_identity, table_state, table_writers
+from materializer.delta import (
+    TableRef,
+    detail,
+    exists,
+    metadata_fingerprint,
+    quote,
+    read_table,
+    schema_and_properties,
+    table_identity,
+    table_state,
+    table_writers,
+)
 from materializer.dead_letters import for_epoch
 from materializer.errors import ConfigError, SourceError, TableStateError
 from materializer.layout import existing_layout_problems, layout_problems
@@ -115,6 +126,8 @@ class DeltaDriver(Driver):
         self._writers: list[DeltaWriter] = [self.writer]
         """One writer per apply thread, each in a session of its own (the txn confs are
         session-wide); made as an epoch first needs them (:meth:`_writer`)."""
+        self._facts: dict[str, tuple[str, _TableFacts]] = {}
+        """binding -> its table's facts and the metadata fingerprint they were read at (:meth:`_table_facts`)."""
         self._lock = threading.Lock()
         self._shared_session = self.apply_spark is spark
         """No isolated session here (pyspark 4.0's Connect client): applies stay one at a time."""
@@ -392,19 +405,36 @@ class DeltaDriver(Driver):
         return f"materializer-{self.config.pipeline_id}-load"
 
     def _table_facts(self, binding: BindingConfig) -> "_TableFacts | None":
-        """The target's schema, constraints and column mapping as they stand now (None: no table)."""
+        """The target's schema, constraints and column mapping as they stand now (None: no table).
+
+        Kept from one epoch to the next while the table's Delta metadata and protocol are the ones
+        they were read from (:func:`materializer.delta.metadata_fingerprint`): an epoch's MERGE
+        that adds no column leaves them, while any commit that changes them (another writer's
+        ALTER or constraint, a schema evolution, a replaced table) makes the check read them
+        again, so each epoch is still checked against the table as it is. The fingerprint comes
+        from delta-rs (milliseconds) where its answer is trusted; elsewhere (a catalog table,
+        Spark Connect) the facts are read again each epoch."""
+        table = TableRef(binding.table)
+        fingerprint = metadata_fingerprint(self.spark, table)  # before the facts: a change in between only re-reads
+        cached = self._facts.get(binding.name)
+        if fingerprint is not None and cached is not None and cached[0] == fingerprint:
+            return cached[1]
         # Not DESCRIBE DETAIL: its file statistics cost 3 Spark jobs per epoch after each MERGE;
         # the schema and properties come from the snapshot's metadata without a job.
-        found = schema_and_properties(self.spark, TableRef(binding.table))
+        found = schema_and_properties(self.spark, table)
         if found is None:
+            self._facts.pop(binding.name, None)
             return None
         schema, properties = found
-        return _TableFacts(
+        facts = _TableFacts(
             schema=schema,
             constraints={k[len(CONSTRAINT_PREFIX) :]: v for k, v in properties.items() if k.startswith(CONSTRAINT_PREFIX)},
             column_mapping=properties.get("delta.columnMapping.mode", "none") not in ("none", ""),
             type_widening=widening_enabled(properties),
         )
+        if fingerprint is not None:
+            self._facts[binding.name] = (fingerprint, facts)
+        return facts
 
     def _check_schema(self, binding: BindingConfig, df: "DataFrame", facts: "_TableFacts | None") -> None:
         """Refuse, before the epoch is committed, what the MERGE would refuse by the schema alone.

@@ -24,6 +24,7 @@ from materializer.bounds import bound_aggregates, bounds_from
 from materializer.delta import quote
 from materializer.errors import StagingError, TableStateError
 from materializer.protocol import DriverCheckpoint, StagedFile
+from materializer.spark import is_connect
 from materializer.storage import Store as FileStore
 
 
@@ -59,6 +60,9 @@ class StagingArea:
         self.legacy_root = legacy_root
         """The staging folder itself, where versions before the per-pipeline areas staged (an
         entry committed by one and applied after an upgrade is read from there); None: same."""
+        self._schemas: dict[str, Any] = {}
+        """Dataset -> the schema this process wrote it with (:meth:`read` skips Parquet's schema
+        inference, a Spark job per apply, for datasets it staged itself)."""
 
     @classmethod
     def of(cls, config: "PipelineConfig", store: FileStore | None = None) -> "StagingArea":
@@ -125,6 +129,7 @@ class StagingArea:
         if rows == 0:
             self.store.delete_prefix(path)
             return None
+        self._schemas[path] = df.schema
         return StagedFile(
             uri=path, rows=rows, bytes=sum(f.size for f in data), files=len(data),
             key_bounds=bounds_from(observed, key, kinds) or None,
@@ -181,7 +186,14 @@ class StagingArea:
                 "Restore the staged file, or run `materializer recover --config F` to re-stage the epoch "
                 "from the source (docs: 'Recovering from damage')."
             )
-        return spark.read.parquet(store.spark_path(staged.uri))
+        reader = spark.read
+        schema = self._schemas.get(staged.uri) if store is self.store else None
+        if schema is not None and not is_connect(spark):
+            # Written by this process with this schema (the files just checked whole): no Spark job
+            # to infer it again. Not over Spark Connect, where a schema sent from the client
+            # comes back with collated strings (materializer.sqltypes): the server infers it there.
+            reader = reader.schema(schema)
+        return reader.parquet(store.spark_path(staged.uri))
 
     # --- deleting ---
 
@@ -189,10 +201,12 @@ class StagingArea:
         """Delete datasets this writer staged for a transaction no committed entry references."""
         for staged in files:
             if staged is not None:
+                self._schemas.pop(staged.uri, None)
                 self.store.delete_prefix(staged.uri)
 
     def delete_applied(self, staged: StagedFile) -> None:
         """Delete an applied epoch's dataset (wherever it was staged: see :meth:`store_of`)."""
+        self._schemas.pop(staged.uri, None)
         self.store_of(staged).delete_prefix(staged.uri)
 
     def delete_spool(self, writer: str, epoch: int | None = None) -> None:

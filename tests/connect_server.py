@@ -33,8 +33,18 @@ class ConnectServer:
     log: Path
 
 
-def start(workdir: Path, *, timeout: float = 600) -> tuple[subprocess.Popen[bytes], ConnectServer]:
-    """Start a Connect server; returns when it listens (raises with its log if it does not)."""
+SESSION_TIMEOUT = "spark.connect.session.manager.defaultSessionTimeout"
+"""How long the server keeps a session that receives no RPC (default 60 min), then closes it: a
+later call on it fails with INVALID_HANDLE.SESSION_CLOSED. The test server keeps sessions for
+ever (-1): one client session serves every Connect test of a run, and in a full run more than an
+hour of classic tests may pass between two of them (it did once the run took 80 minutes)."""
+
+
+def start(
+    workdir: Path, *, timeout: float = 600, conf: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], ConnectServer]:
+    """Start a Connect server; returns when it listens (raises with its log if it does not).
+    ``conf``: server settings over the defaults here."""
     import pyspark
 
     from materializer.spark import BASE_CONF, delta_package, ivy_cache
@@ -42,9 +52,11 @@ def start(workdir: Path, *, timeout: float = 600) -> tuple[subprocess.Popen[byte
     home = Path(pyspark.__file__).parent
     if not list((home / "jars").glob("spark-connect_*.jar")):
         pytest.skip(f"no spark-connect jar in {home / 'jars'}")
+    extra = conf or {}
     conf = dict(BASE_CONF)
     conf.update(
         {
+            SESSION_TIMEOUT: "-1",
             "spark.jars.packages": delta_package(),
             "spark.jars.ivy": str(ivy_cache()),
             "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -55,6 +67,7 @@ def start(workdir: Path, *, timeout: float = 600) -> tuple[subprocess.Popen[byte
             "spark.sql.warehouse.dir": str(workdir / "warehouse"),
             "spark.log.level": "INFO",  # the "started at" line is logged at INFO
             "spark.driver.extraJavaOptions": f"-Dderby.system.home={workdir}",
+            **extra,
         }
     )
     args = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]

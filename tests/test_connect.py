@@ -258,3 +258,42 @@ def test_a_drill_on_connect_kills_the_client_only_and_every_table_stays_exact(co
     assert data["kills_total"] + len(data["missed"]) == 3, data["kills"]
     assert data["epoch_sizes"][-1].startswith("set max_files 1 so a round has at least 5 epochs"), data["epoch_sizes"]
     assert "remote: sc://" in (tmp_path / "w" / "round-001" / "pipeline.yaml").read_text()
+
+
+def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_spark: Any) -> None:
+    """One client session serves every Connect test of a run; a full run may pass more than an hour
+    (the server's default session timeout) between two of them. With the default, the server closed
+    the idle session and the txn-version tests that came last met INVALID_HANDLE.SESSION_CLOSED
+    (the full run that took 80 minutes). The test server keeps sessions for ever."""
+    from tests.connect_server import SESSION_TIMEOUT
+
+    assert connect_spark.conf.get(SESSION_TIMEOUT) in ("-1", "-1ms")
+
+
+@pytest.mark.slow
+def test_a_server_closes_a_session_idle_past_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the setting above prevents, on a server whose timeout is 15 s: a session that makes no
+    call for longer is closed by the server, and its next call fails with SESSION_CLOSED, as the
+    txn-version tests' calls did."""
+    import time
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from tests.connect_server import SESSION_TIMEOUT, start, stop
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    process, server = start(tmp_path, conf={SESSION_TIMEOUT: "15s", "spark.connect.session.manager.maintenanceInterval": "1s"})
+    # A client of its own, and the run's shared session stays the default (getOrCreate would
+    # return that one whatever the URL; create() makes the new one the default).
+    shared = ConnectSession._get_default_session()
+    session = ConnectSession.builder.remote(server.url).create()
+    try:
+        assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
+        time.sleep(20)
+        with pytest.raises(Exception, match="SESSION_CLOSED"):
+            session.sql("SELECT 1 AS one").collect()
+    finally:
+        session.stop()  # no longer the default either
+        if shared is not None:
+            ConnectSession._set_default_and_active_session(shared)
+        stop(process)

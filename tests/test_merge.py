@@ -76,7 +76,7 @@ def _writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[Base
     writer = DeltaWriter(session, config, StagingArea(open_store(str(tmp_path / "staging"))), Collector())  # type: ignore[arg-type]
     looks: list[int] = []
     monkeypatch.setattr(merge, "table_state", lambda _s, _t, _app, **_k: looks.append(1) or TableState(True, 1, 1))
-    monkeypatch.setattr(merge, "table_version", lambda _s, _t: 2)
+    monkeypatch.setattr(merge, "latest_version", lambda _s, _t: 2)
     calls: list[dict[str, Any]] = []
     pending = list(failures)
 

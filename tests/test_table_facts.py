@@ -78,3 +78,55 @@ def test_start_commit_reads_the_table_facts_without_a_spark_job_after_a_merge(sp
     before = next_job_id(spark)
     assert detail(spark, TableRef(str(table))) is not None
     assert next_job_id(spark) > before
+
+
+def test_the_table_facts_are_kept_while_the_metadata_stands_and_a_constraint_added_meanwhile_is_seen(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read once, not every epoch (issue 32: a smaller fixed cost per epoch): the next epoch's
+    check reuses them while the table's Delta metadata and protocol are unchanged (an epoch's own
+    MERGE that adds no column leaves them), and reads them again after a commit that changes them,
+    another writer's ALTER included, so a constraint added between two epochs of one running
+    driver still refuses the rows that break it before they are committed."""
+    from materializer import driver as driver_module
+    from materializer.errors import SourceError
+    from materializer.runtime import Runtime
+
+    table = tmp_path / "tables" / "items"
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(5)])
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 7, "v": 7}])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, v BIGINT", max_files=1)])
+    runtime = Runtime(config, spark)
+    assert runtime.run().last_epoch == 2  # epoch 2's check read the facts of the table epoch 1 made
+
+    reads: list[str] = []  # the facts read for an epoch's check (Open's own checks aside)
+    real = driver_module.schema_and_properties
+    monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: real(s, t))
+    driver = runtime.driver
+    assert isinstance(driver, driver_module.DeltaDriver)
+    start_commit = driver.start_commit
+
+    def counted_start_commit(message: Any) -> Any:
+        monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
+        try:
+            return start_commit(message)
+        finally:
+            monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: real(s, t))
+
+    monkeypatch.setattr(driver, "start_commit", counted_start_commit)
+    write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 8, "v": 8}])
+    assert runtime.run().last_epoch == 3
+    assert reads == []  # epoch 3 after epoch 2's MERGE (rows only): the facts were kept
+    monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
+    kept = driver._table_facts(config.bindings[0])
+    assert kept is not None and kept.constraints == {} and reads == []
+
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT small CHECK (v < 1000)")  # another writer's commit
+    after = driver._table_facts(config.bindings[0])
+    assert len(reads) == 1 and after is not None and after.constraints == {"small": "v < 1000"}
+
+    # The whole path, in the same driver: the next epoch's rows that break it are refused before
+    # commit (had the facts been kept past the ALTER, Delta would refuse the committed epoch's MERGE).
+    write_jsonl(tmp_path / "src" / "d.jsonl", [{"id": 9, "v": 5000}])
+    with pytest.raises(SourceError, match=r"key id=9.*CHECK constraint small"):
+        runtime.run()
