@@ -385,6 +385,19 @@ class DeltaDriver(Driver):
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
 
+    def keep_alive(self) -> None:
+        """Touch every Spark Connect session this driver holds (one config read each): the server
+        closes a session that has made no call for ``spark.connect.session.manager.defaultSessionTimeout``
+        (an hour by default), and a following run with nothing to read makes none. Classic
+        sessions are not touched."""
+        from materializer.spark import is_connect
+
+        if not is_connect(self.spark):
+            return
+        sessions = {id(s): s for s in [self.spark, self.apply_spark, *[w.apply_spark for w in self._writers]]}
+        for session in sessions.values():
+            session.conf.get("spark.sql.session.timeZone")
+
     def _apply_workers(self, bindings: int) -> int:
         return 1 if self._shared_session else max(1, min(self.parallel, bindings))
 

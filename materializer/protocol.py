@@ -196,6 +196,10 @@ class Driver(ABC):
     def discard_prestaged(self) -> None:  # noqa: B027 - optional
         """Drop what :meth:`prestage` staged for a transaction that will not be committed."""
 
+    def keep_alive(self) -> None:  # noqa: B027 - optional
+        """While a following run waits for input: keep what the driver holds open (a Spark Connect
+        server closes a session that has made no call for its timeout, an hour by default)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; nothing durable depends on it (a crash skips it)."""
 

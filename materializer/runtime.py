@@ -62,6 +62,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+KEEP_ALIVE_SECONDS = 300.0
+"""How often a following run with nothing to read touches its Spark sessions
+(:meth:`~materializer.protocol.Driver.keep_alive`): well inside a Spark Connect server's session
+timeout (an hour by default), at one config read per session."""
+
+
 @dataclass
 class EpochSummary:
     epoch: int
@@ -359,6 +365,8 @@ class Runtime:
         pending: DriverCheckpoint | None = driver_checkpoint
         current: EpochSummary | None = None
         applier = BackgroundApply(self._acknowledge, pipelined=self.config.transaction.pipelined)
+        touched = time.monotonic()
+        """When the driver's sessions last had work (or a keep-alive, :data:`KEEP_ALIVE_SECONDS`)."""
         try:
             while True:
                 # --- Acknowledge epoch N (on the first loop: the re-apply after Open) ---
@@ -387,8 +395,12 @@ class Runtime:
                 if not batches:
                     if not follow:
                         break
+                    if time.monotonic() - touched >= KEEP_ALIVE_SECONDS:
+                        self.driver.keep_alive()  # a Connect server closes sessions idle for an hour
+                        touched = time.monotonic()
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
+                touched = time.monotonic()
 
                 # --- Load* / Flush, Store*, StartCommit -> StartedCommit ---
                 staging_began = time.monotonic()

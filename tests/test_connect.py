@@ -297,3 +297,45 @@ def test_a_server_closes_a_session_idle_past_its_timeout(tmp_path: Path, monkeyp
         if shared is not None:
             ConnectSession._set_default_and_active_session(shared)
         stop(process)
+
+
+@pytest.mark.slow
+def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --follow`` over Spark Connect with nothing to read makes no Spark call of its own, so
+    a server would close its sessions after its timeout (an hour by default; 15 s here) and the
+    next epoch would fail with SESSION_CLOSED. The runtime touches them while it waits
+    (KEEP_ALIVE_SECONDS, 3 s here): after 25 s of waiting, both the run's session and the apply
+    session still answer, and a new file lands."""
+    import time
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from materializer import runtime
+    from materializer.runtime import Runtime
+    from tests.connect_server import SESSION_TIMEOUT, start, stop
+    from tests.helpers import binding, table_rows, write_jsonl
+    from tests.test_holes import config_with
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    monkeypatch.setattr(runtime, "KEEP_ALIVE_SECONDS", 3.0)
+    (tmp_path / "server").mkdir()
+    process, server = start(tmp_path / "server", conf={SESSION_TIMEOUT: "15s", "spark.connect.session.manager.maintenanceInterval": "1s"})
+    shared = ConnectSession._get_default_session()
+    session = ConnectSession.builder.remote(server.url).create()
+    try:
+        table = tmp_path / "tables" / "items"
+        write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
+        config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000, "poll_interval_seconds": 0.5})
+        rt = Runtime(config, session)
+        began = time.monotonic()
+        rt.run(follow=True, should_stop=lambda: time.monotonic() - began > 25)
+        assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
+        assert rt.driver.apply_spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # type: ignore[attr-defined]
+        write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "v": 2}])
+        Runtime(config, session).run()
+        assert sorted(key[0] for key in table_rows(session, table, ["id"])) == [1, 2]
+    finally:
+        session.stop()
+        if shared is not None:
+            ConnectSession._set_default_and_active_session(shared)
+        stop(process)
