@@ -571,7 +571,15 @@ class TemplatedRuntime:
                     return True
                 return False
 
-            runtime = Runtime(expansion.config, self.spark, self.collector, covered=expansion.covered)
+            sources = None
+            if expansion.missing:
+                # Their topics or folders are gone: a round of no new epoch reads no source.
+                staging = open_store(expansion.config.staging_root)
+                sources = {
+                    b.name: _Gone(b, staging) if b.name in expansion.missing else open_source(b, staging)
+                    for b in expansion.config.bindings
+                }
+            runtime = Runtime(expansion.config, self.spark, self.collector, sources=sources, covered=expansion.covered)
             summary = runtime.run(follow=follow, max_epochs=remaining, should_stop=stop_between)
             if total is None:
                 total = summary
@@ -593,6 +601,14 @@ class TemplatedRuntime:
                 break
         total.seconds = time.monotonic() - began
         return total
+
+
+class _Gone(Source):
+    """The source of a binding whose topic or folder is no longer found: never read (its round
+    only re-applies the last committed epoch)."""
+
+    def next_batch(self, *args: Any, **kwargs: Any) -> SourceBatch | None:
+        raise AssertionError(f"binding {self.binding.name}: its source is gone and must not be read")
 
 
 def open_runtime(config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> "Runtime | TemplatedRuntime":

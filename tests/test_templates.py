@@ -153,3 +153,119 @@ def test_sub_folders_skip_hidden_ones_and_a_missing_root_is_named(tmp_path: Path
     with pytest.raises(SourceError, match="does not exist"):
         sub_folders(str(tmp_path / "nope"), "templates[0].source.folders_in")
     assert discover(_config(_folders(str(tmp_path)))) == {0: ["a", "b"]}
+
+
+# --- in process on Spark: documents sub-folders ---
+
+
+def _folder_config(tmp_path: Path, **template: Any) -> Any:
+    from tests.helpers import write_config
+
+    path = write_config(tmp_path, [], pipeline_id="fleet-folders", templates=[{
+        "source": {"format": "documents", "folders_in": str(tmp_path / "land"), "max_files": 1},
+        "table": str(tmp_path / "tables" / "{folder}"),
+        "key": ["id"],
+        **template,
+    }])
+    from materializer.config import load_config
+
+    return load_config(path)
+
+
+def _file(tmp_path: Path, folder: str, n: int, docs: list[dict[str, Any]]) -> None:
+    from tests.helpers import write_jsonl
+
+    write_jsonl(tmp_path / "land" / folder / f"{n:04d}.jsonl", docs)
+
+
+def _last_checkpoint(config: Any) -> Any:
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage import open_store
+
+    return RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read().last_commit.driver_checkpoint
+
+
+def _assert_tables(spark: Any, config: Any, expected_bindings: set[str]) -> None:
+    from materializer.runtime import as_recorded
+    from tests.helpers import assert_tables_equal_oracle
+
+    covered = as_recorded(config)
+    assert {b.name for b in covered.bindings} == expected_bindings
+    assert_tables_equal_oracle(spark, covered)  # Spark and delta-rs
+
+
+def test_a_folder_added_between_epochs_is_a_binding_and_a_removed_one_stops_the_run(spark: Any, tmp_path: Path) -> None:
+    from materializer import events
+    from materializer.progress import ListCollector
+    from materializer.runtime import TemplatedRuntime
+    from tests.helpers import delta_rs_rows
+
+    config = _folder_config(tmp_path)
+    _file(tmp_path, "a", 1, [{"id": 1, "v": "a1"}, {"id": 2, "v": "a2"}])
+    _file(tmp_path, "a", 2, [{"id": 1, "v": "a1'"}, {"id": 3, "_meta": {"op": "d"}}])
+    _file(tmp_path, "b", 1, [{"id": 1, "v": "b1"}])
+
+    class AddsFolderC(ListCollector):
+        """Lands folder c while epoch 1 is being applied: the run takes it at the next boundary."""
+
+        def emit(self, event: Any) -> None:
+            super().emit(event)
+            if isinstance(event, events.Committed) and event.epoch == 1:
+                _file(tmp_path, "c", 1, [{"id": 7, "v": "c7"}])
+                _file(tmp_path, "c", 2, [{"id": 8, "v": "c8"}])
+
+    collector = AddsFolderC()
+    summary = TemplatedRuntime(config, spark, collector).run()
+    assert [sorted(e.documents) for e in summary.epochs] == [["a", "b"], ["a", "c"], ["c"]]
+    assert _last_checkpoint(config).templated == {n: f"folder:{tmp_path}/land/{n}" for n in "abc"}
+    # the progress record of each new epoch names every binding it read (a round's re-apply after
+    # Open sends one too, of the bindings it found applied)
+    named: dict[int, list[str]] = {}
+    read: dict[int, list[str]] = {}
+    for record in collector.named("progress"):
+        named.setdefault(record["epoch"], sorted(b.binding for b in record["record"].bindings))
+        read.setdefault(record["epoch"], sorted(b.binding for b in record["record"].bindings if b.documents))
+    assert named == {1: ["a", "b"], 2: ["a", "b", "c"], 3: ["a", "b", "c"]}
+    assert read == {1: ["a", "b"], 2: ["a", "c"], 3: ["c"]}
+    _assert_tables(spark, config, {"a", "b", "c"})
+    assert delta_rs_rows(tmp_path / "tables" / "c", ["id"]) == {(7,): {"id": 7, "v": "c7"}, (8,): {"id": 8, "v": "c8"}}
+
+    # folder b removed (and a new file for a): the run stops naming b, and reads nothing
+    shutil.rmtree(tmp_path / "land" / "b")
+    _file(tmp_path, "a", 3, [{"id": 9, "v": "a9"}])
+    with pytest.raises(SourceError, match=r"binding 'b' \(table .*tables/b\): folder .*/land/b' is gone.*up to 3.*on_missing: drop.*templates\[0\]"):
+        TemplatedRuntime(config, spark).run()
+    assert _last_checkpoint(config).epoch == 3
+    assert delta_rs_rows(tmp_path / "tables" / "b", ["id"]) == {(1,): {"id": 1, "v": "b1"}}
+
+    # the user says drop: b's table keeps its rows, the next epochs cover a and c only
+    dropping = _folder_config(tmp_path, on_missing="drop")
+    summary = TemplatedRuntime(dropping, spark).run()
+    assert [sorted(e.documents) for e in summary.epochs] == [["a"]]
+    assert set(_last_checkpoint(dropping).templated) == {"a", "c"}
+    _assert_tables(spark, dropping, {"a", "c"})
+    assert delta_rs_rows(tmp_path / "tables" / "b", ["id"]) == {(1,): {"id": 1, "v": "b1"}}
+
+
+@pytest.mark.slow
+def test_a_replay_covers_the_set_of_its_epoch_even_after_its_folder_is_gone(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    # Killed after epoch 1 is committed and before it is applied; folder b then disappears: the
+    # restart still applies epoch 1 to b's table (the epoch covers b), then stops naming b.
+    from materializer.runtime import TemplatedRuntime
+    from tests.helpers import InProcessCrash, delta_rs_rows
+
+    config = _folder_config(tmp_path)
+    _file(tmp_path, "a", 1, [{"id": 1, "v": "a1"}])
+    _file(tmp_path, "b", 1, [{"id": 2, "v": "b2"}])
+    crash = InProcessCrash(monkeypatch, "after-log-commit:1")
+    crash.run(lambda: TemplatedRuntime(config, spark).run())
+    crash.disarm()
+    assert not (tmp_path / "tables" / "b").exists()
+    shutil.rmtree(tmp_path / "land" / "b")
+    try:
+        with pytest.raises(SourceError, match="binding 'b'"):
+            TemplatedRuntime(config, spark).run()
+        assert delta_rs_rows(tmp_path / "tables" / "b", ["id"]) == {(2,): {"id": 2, "v": "b2"}}
+        assert delta_rs_rows(tmp_path / "tables" / "a", ["id"]) == {(1,): {"id": 1, "v": "a1"}}
+    finally:
+        crash.thaw()
