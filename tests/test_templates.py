@@ -229,6 +229,10 @@ def test_a_folder_added_between_epochs_is_a_binding_and_a_removed_one_stops_the_
     assert read == {1: ["a", "b"], 2: ["a", "c"], 3: ["c"]}
     _assert_tables(spark, config, {"a", "b", "c"})
     assert delta_rs_rows(tmp_path / "tables" / "c", ["id"]) == {(7,): {"id": 7, "v": "c7"}, (8,): {"id": 8, "v": "c8"}}
+    from materializer.tools.status import pipeline_status
+
+    status = pipeline_status(config)  # from the log: no folder is listed
+    assert status.agrees and [t.binding for t in status.tables] == ["a", "b", "c"]
 
     # folder b removed (and a new file for a): the run stops naming b, and reads nothing
     shutil.rmtree(tmp_path / "land" / "b")
