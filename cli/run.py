@@ -92,7 +92,7 @@ def run(
     try:
         cfg = load_config(config)
         from materializer.progress import JsonLinesCollector, Tee, TextCollector
-        from materializer.runtime import Runtime
+        from materializer.runtime import open_runtime
 
         _log_to_stderr(quiet or json_out)
         sinks: list[Any] = [TextCollector(log, quiet=quiet or json_out)]
@@ -111,7 +111,7 @@ def run(
 
         signal.signal(signal.SIGTERM, request_stop)
         try:
-            runtime = Runtime(cfg, spark, collector)
+            runtime = open_runtime(cfg, spark, collector)
             summary = runtime.run(follow=follow, max_epochs=max_epochs, should_stop=lambda: stop["requested"])
         finally:
             _stop(spark)
@@ -146,3 +146,5 @@ def _text(summary: RunSummary, cfg: PipelineConfig) -> Iterator[str]:
         yield f"pipeline {summary.pipeline_id}: nothing new; last epoch {summary.last_epoch}"
     for binding in cfg.bindings:
         yield f"  {binding.name}: {binding.table}"
+    if cfg.templates:
+        yield f"  and the bindings its {len(cfg.templates)} template(s) made: `materializer status` names each"

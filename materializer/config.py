@@ -424,6 +424,137 @@ class BindingConfig(Model):
         )
 
 
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+"""A ``{placeholder}`` of a template's name or table (``{{`` and ``}}`` are literal braces)."""
+
+
+class TemplateSourceConfig(SourceConfig):
+    """A template's source: a binding's source, with a topic pattern or a folder of folders."""
+
+    topic_pattern: str | None = None
+    """kafka: a regular expression that a topic's whole name must match; each matching topic is
+    one binding (Kafka's own ``__`` topics never match). Its named groups, e.g.
+    ``shop\\.(?P<schema>\\w+)\\.(?P<table>\\w+)`` for Debezium's ``<prefix>.<schema>.<table>``
+    topics, are placeholders of the template's ``name`` and ``table`` beside ``{topic}``."""
+    folders_in: str | None = None
+    """documents and cdcv2: a folder (or S3 prefix) whose every sub-folder is one binding reading
+    that sub-folder (``{folder}``: its name; names starting with ``.`` or ``_`` are skipped)."""
+
+    @model_validator(mode="after")
+    def _kafka_fields(self) -> "TemplateSourceConfig":
+        # Replaces SourceConfig's check: a template names its topics or folders by pattern.
+        if self.format == "kafka":
+            if self.topic_pattern is None or self.topic is not None or self.topics is not None or self.folders_in is not None:
+                raise ValueError(
+                    "a kafka template takes topic_pattern (a regular expression of topic names), not topic, topics or folders_in"
+                )
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern: {self.topic_pattern!r} is not a regular expression: {exc}") from None
+            if isinstance(self.starting, dict) and set(self.starting) != {"timestamp"}:
+                raise ValueError(
+                    "starting: offsets per topic are not for a template (its topics are not known yet): give earliest, "
+                    "latest or {timestamp: <epoch ms>}"
+                )
+        elif self.folders_in is None or self.path is not None or self.topic_pattern is not None:
+            raise ValueError(
+                f"a {self.format} template takes folders_in (a folder whose every sub-folder is one binding), not path "
+                "or topic_pattern"
+            )
+        try:
+            SourceConfig.model_validate(self.concrete("example"))
+        except ValidationError as exc:
+            raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
+        return self
+
+    @property
+    def placeholders(self) -> set[str]:
+        """The placeholders a binding made from this source fills."""
+        if self.topic_pattern is not None:
+            return {"topic", *re.compile(self.topic_pattern).groupindex}
+        return {"folder"}
+
+    def concrete(self, found: str) -> dict[str, Any]:
+        """The source of the binding made for topic or sub-folder ``found``, unvalidated."""
+        data = self.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in"})
+        if self.format == "kafka":
+            data["topic"] = found
+        else:
+            data["path"] = (self.folders_in or "").rstrip("/") + "/" + found
+        return data
+
+
+class BindingTemplate(BindingConfig):
+    """A binding per Kafka topic matching a pattern, or per sub-folder of a folder: every key of a
+    binding, with ``{placeholders}`` in ``name`` and ``table`` (docs: 'Binding templates')."""
+
+    name: str | None = None  # type: ignore[assignment]
+    """Name of each binding made, with placeholders: ``{topic}`` or ``{folder}`` (the default),
+    and the named groups of ``source.topic_pattern``. Each must come out as letters, digits and
+    underscores; two topics or folders making one name stop the run."""
+    source: TemplateSourceConfig  # type: ignore[assignment]
+    """Where the bindings' collections come from: ``topic_pattern`` (kafka) or ``folders_in``."""
+    table: str
+    """Each binding's Delta table, with placeholders, e.g. ``/data/delta/{table}`` or
+    ``main.bronze.{table}``; two bindings making one table stop the run."""
+    on_missing: Literal["fail", "drop"] = "fail"
+    """A topic or sub-folder that a committed epoch covered and that is no longer found (deleted,
+    or no longer matched): ``fail`` stops the run naming it, once its committed epochs are applied;
+    ``drop`` stops materializing it (its table keeps what it holds) at the next epoch boundary."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, value: str | None) -> str | None:
+        return value  # checked per binding made, once its placeholders are filled
+
+    @model_validator(mode="after")
+    def _layout(self) -> "BindingTemplate":
+        # Replaces BindingConfig's: the view name has placeholders; each binding made is checked whole.
+        return self
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> "BindingTemplate":
+        known = self.source.placeholders
+        for option in ("name", "table", "dead_letter_table", "view"):
+            value = getattr(self, option)
+            if value is None:
+                continue
+            unknown = sorted(set(PLACEHOLDER.findall(value.replace("{{", "").replace("}}", ""))) - known)
+            if unknown:
+                raise ValueError(
+                    f"{option}: {value!r} has placeholder(s) {', '.join('{' + u + '}' for u in unknown)}; this template fills "
+                    + ", ".join("{" + k + "}" for k in sorted(known))
+                    + (" (named groups of topic_pattern, e.g. (?P<table>\\w+), are placeholders too)" if self.source.format == "kafka" else "")
+                )
+        if not PLACEHOLDER.search(self.table.replace("{{", "").replace("}}", "")):
+            raise ValueError(f"table: {self.table!r} has no placeholder, so every binding would share one table; e.g. /data/delta/{{{min(known)}}}")
+        if self.previous_names:
+            raise ValueError("previous_names is for a binding, not a template")
+        # Every other rule of a binding, checked now on a binding this template could make.
+        try:
+            BindingConfig.model_validate(self.binding_data("example", {k: "example" for k in known}))
+        except ValidationError as exc:
+            raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
+        return self
+
+    def binding_data(self, found: str, values: dict[str, str]) -> dict[str, Any]:
+        """The binding made for topic or sub-folder ``found``, its placeholders filled with
+        ``values``, as the mapping a binding is validated from."""
+        data = self.model_dump(by_alias=True, exclude_unset=True, exclude={"name", "source", "on_missing"})
+        data["name"] = self.name_pattern.format_map(values)
+        data["table"] = self.table.format_map(values)
+        for option in ("dead_letter_table", "view"):
+            if data.get(option) is not None:
+                data[option] = data[option].format_map(values)
+        data["source"] = self.source.concrete(found)
+        return data
+
+    @property
+    def name_pattern(self) -> str:
+        return self.name if self.name is not None else ("{topic}" if self.source.format == "kafka" else "{folder}")
+
+
 class TransactionConfig(Model):
     max_documents: int = Field(default=100_000, gt=0)
     """cdcv2: largest number of CDC updates one binding contributes to an epoch. The documents
@@ -468,8 +599,12 @@ class PipelineConfig(Model):
     """Folder or ``s3://`` prefix of the recovery log."""
     staging: str
     """Folder or ``s3://`` prefix where staged files live until applied."""
-    bindings: list[BindingConfig] = Field(min_length=1)
+    bindings: list[BindingConfig] = Field(default_factory=list)
     """Source collections and their Delta tables; they share the pipeline's epochs."""
+    templates: list[BindingTemplate] = Field(default_factory=list)
+    """Binding templates: each makes one binding per Kafka topic its pattern matches, or per
+    sub-folder of its folder, found when a run opens and again at every epoch boundary; which
+    bindings an epoch covers is recorded with it (docs: 'Binding templates')."""
     transaction: TransactionConfig = Field(default_factory=TransactionConfig)
     """How much one transaction takes."""
     spark: SparkConfig = Field(default_factory=SparkConfig)
@@ -485,6 +620,12 @@ class PipelineConfig(Model):
         return value
 
     @model_validator(mode="after")
+    def _something_to_do(self) -> "PipelineConfig":
+        if not self.bindings and not self.templates:
+            raise ValueError("bindings: give at least one binding (or a binding template under templates)")
+        return self
+
+    @model_validator(mode="after")
     def _stores_supported(self) -> "PipelineConfig":
         # Files the materializer itself reads or writes (not tables: Spark reaches those).
         try:
@@ -493,6 +634,9 @@ class PipelineConfig(Model):
             for binding in self.bindings:
                 if binding.source.path is not None:  # a kafka source has no path
                     check_uri(binding.source.path, f"bindings[{binding.name}].source.path")
+            for i, template in enumerate(self.templates):
+                if template.source.folders_in is not None:
+                    check_uri(template.source.folders_in, f"templates[{i}].source.folders_in")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None  # reported with the file's name, as every field error
         return self

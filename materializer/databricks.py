@@ -77,12 +77,12 @@ def cluster_session(config: "PipelineConfig") -> "SparkSession":
 
 def run(argv: Sequence[str]) -> "RunSummary":
     """Run the pipeline the parameters name; returns the summary (raises MaterializerError)."""
-    from materializer.runtime import Runtime
+    from materializer.runtime import open_runtime
 
     args = parse_args(argv)
     config = load_config(args.config)
     spark = cluster_session(config)
-    return Runtime(config, spark, _job_output()).run(follow=args.follow, max_epochs=args.max_epochs)
+    return open_runtime(config, spark, _job_output()).run(follow=args.follow, max_epochs=args.max_epochs)
 
 
 def main() -> None:

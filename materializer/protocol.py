@@ -68,6 +68,10 @@ class DriverCheckpoint(Model):
     skipped: dict[str, str] = Field(default_factory=dict)
     """Bindings whose rows of this epoch were set aside by ``recover --skip-epoch``: where they
     were kept. The epoch is recorded on those tables without their rows."""
+    templated: dict[str, str] = Field(default_factory=dict)
+    """Bindings made from templates that this epoch covers, each with what it was made from
+    (``topic:<name>`` or ``folder:<path>``): a replay covers the same set, and a run that no
+    longer finds one stops (or drops it) only after applying it. Empty without templates."""
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per binding, the options its rows were staged with that shape its table
     (:func:`materializer.option_changes.table_options`): the next Open compares the configuration

@@ -38,7 +38,7 @@ from materializer import crash, events, reductions
 from materializer.config import PipelineConfig
 from materializer.delta import quote
 from materializer.driver import DeltaDriver
-from materializer.errors import ApplyError, FencedError
+from materializer.errors import ApplyError, ConfigError, FencedError
 from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import (
     Acknowledge,
@@ -57,6 +57,7 @@ from materializer.sources import Source, SourceBatch
 from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
+from materializer import templates
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -323,9 +324,18 @@ class Runtime:
         *,
         driver: Driver | None = None,
         sources: "dict[str, Source] | None" = None,
+        covered: dict[str, str] | None = None,
     ) -> None:
-        """``driver``, ``sources``: others than the Delta driver and the configured sources (tests)."""
+        """``driver``, ``sources``: others than the Delta driver and the configured sources (tests).
+        ``covered``: the bindings made from templates (name -> topic or folder) each new epoch
+        covers, recorded in its driver checkpoint (:class:`TemplatedRuntime`)."""
+        if config.templates:
+            raise ConfigError(
+                "this pipeline has binding templates: they are expanded by materializer run (TemplatedRuntime, "
+                "open_runtime), which this command does not do yet; give its bindings one by one to use it"
+            )
         self.config = config
+        self.covered = covered
         self.spark = spark
         # Every consumer also gets one `progress` record per applied epoch, folded from the events.
         self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
@@ -409,6 +419,11 @@ class Runtime:
                     next_epoch, batches, new_checkpoint, rewind=runtime_checkpoint, prestaged=prestaged
                 )
                 stage_seconds += time.monotonic() - staging_began
+                if self.covered is not None:
+                    # Which bindings made from templates this epoch covers: a replay covers these.
+                    started_commit = StartedCommit(
+                        driver_checkpoint=started_commit.driver_checkpoint.model_copy(update={"templated": dict(self.covered)})
+                    )
                 crash.crash_point("after-started-commit", next_epoch)
 
                 # --- commit entry N+1 = {runtime checkpoint, driver checkpoint} to the recovery log ---
@@ -522,3 +537,110 @@ def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
         update["driver_checkpoint"] = driver.model_copy(update={"staged": staged, "written": sorted(written)})
     return entry.model_copy(update=update)
 
+
+
+class TemplatedRuntime:
+    """The transaction loop of a pipeline with binding templates (docs: 'Binding templates').
+
+    Runs :class:`Runtime` in rounds over the bindings the templates make. A round's bindings are
+    those found (topics, sub-folders) plus those the last committed epoch covered (its driver
+    checkpoint's ``templated``), so the re-apply after Open covers the same set as the epoch. At
+    every epoch boundary the topics and folders are looked for again; when they changed, the round
+    ends there (its last epoch applied) and the next one opens with the new set: a new topic or
+    folder is a new binding, read from its start (``starting``). One no longer found is made only
+    for its re-apply (a round of no new epoch), then stops the run (``on_missing: fail``) or is
+    left out from the next epoch on (``drop``)."""
+
+    def __init__(self, config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> None:
+        self.config = config
+        self.spark = spark
+        self.collector = collector
+        self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
+        """Read only, to learn what the last committed epoch covered: each round's Runtime opens its own."""
+
+    def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
+        """As :meth:`Runtime.run`, over the bindings the templates make, round after round."""
+        total: RunSummary | None = None
+        dropped: set[str] = set()
+        began = time.monotonic()
+        while True:
+            state = self.log.read()
+            found = templates.discover(self.config)
+            expansion = templates.expand(
+                self.config, found, templates.recorded_set(state.last_commit), dropped=dropped, epoch=state.last_epoch
+            )
+            done = len(total.epochs) if total is not None else 0
+            remaining = None if max_epochs is None else max(0, max_epochs - done)
+            if expansion.missing:
+                remaining = 0  # Open and the re-apply of the last epoch (which covers them) only
+            changed = {"found": False}
+
+            def stop_between(found: dict[int, list[str]] = found) -> bool:
+                if should_stop is not None and should_stop():
+                    return True
+                if templates.discover(self.config) != found:
+                    changed["found"] = True  # ends this round at this epoch boundary
+                    return True
+                return False
+
+            sources = None
+            if expansion.missing:
+                # Their topics or folders are gone: a round of no new epoch reads no source.
+                staging = open_store(expansion.config.staging_root)
+                sources = {
+                    b.name: _Gone(b, staging) if b.name in expansion.missing else open_source(b, staging)
+                    for b in expansion.config.bindings
+                }
+            runtime = Runtime(expansion.config, self.spark, self.collector, sources=sources, covered=expansion.covered)
+            summary = runtime.run(follow=follow, max_epochs=remaining, should_stop=stop_between)
+            if total is None:
+                total = summary
+            else:
+                total.epochs.extend(summary.epochs)
+                total.last_epoch = summary.last_epoch
+                total.orphans_deleted += summary.orphans_deleted
+            if expansion.missing:
+                failing = {n: m for n, m in expansion.missing.items() if self.config.templates[m.template].on_missing == "fail"}
+                if failing:
+                    raise templates.missing_error(
+                        templates.Expansion(expansion.config, expansion.made, failing), summary.last_epoch, self.config
+                    )
+                dropped |= set(expansion.missing)
+                continue
+            if not changed["found"] or (should_stop is not None and should_stop()):
+                break
+            if max_epochs is not None and len(total.epochs) >= max_epochs:
+                break
+        total.seconds = time.monotonic() - began
+        return total
+
+
+class _Gone(Source):
+    """The source of a binding whose topic or folder is no longer found: never read (its round
+    only re-applies the last committed epoch)."""
+
+    def next_batch(self, *args: Any, **kwargs: Any) -> SourceBatch | None:
+        raise AssertionError(f"binding {self.binding.name}: its source is gone and must not be read")
+
+
+def open_runtime(config: PipelineConfig, spark: "SparkSession", collector: Collector | None = None) -> "Runtime | TemplatedRuntime":
+    """The transaction loop for ``config``: a :class:`TemplatedRuntime` when it has templates."""
+    if config.templates:
+        return TemplatedRuntime(config, spark, collector)
+    return Runtime(config, spark, collector)
+
+
+def as_recorded(config: PipelineConfig) -> PipelineConfig:
+    """The bindings of ``config`` with those its templates made for the recovery log's last
+    committed epoch (``status``, ``recover``): no broker or folder is asked. A pipeline without
+    templates is returned as it is."""
+    if not config.templates:
+        return config
+    state = RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read()
+    recorded = templates.recorded_set(state.last_commit)
+    if not recorded and not config.bindings:
+        raise ConfigError(
+            f"pipeline {config.pipeline_id!r} has only templates and no committed epoch that covers a binding yet: "
+            "run it first"
+        )
+    return templates.expand(config, {}, recorded, epoch=state.last_epoch).config

@@ -596,7 +596,9 @@ def config_session(
     remote = remote or (None if master else config.spark.remote)
     uris = [config.staging] + [b.table for b in config.bindings]
     uris += [b.source.path for b in config.bindings if b.source.path is not None]  # kafka sources have none
-    kafka = any(b.source.format == "kafka" for b in config.bindings)
+    # Binding templates: their tables' and folders' URIs as written, placeholders and all (the scheme is what counts).
+    uris += [t.table for t in config.templates] + [t.source.folders_in for t in config.templates if t.source.folders_in]
+    kafka = any(b.source.format == "kafka" for b in [*config.bindings, *config.templates])
     extra = {"app_name": app_name} if app_name else {}
     return session_for(
         master or config.spark.master,

@@ -19,9 +19,12 @@ SECTIONS = [
     ("SparkConfig", "spark.", "`spark`"),
     ("BindingConfig", "bindings[].", "`bindings[]`: one per table"),
     ("SourceConfig", "bindings[].source.", "`bindings[].source`"),
+    ("BindingTemplate", "templates[].", "`templates[]`: one binding per topic or sub-folder"),
+    ("TemplateSourceConfig", "templates[].source.", "`templates[].source`"),
 ]
 ANCHORS = {"PipelineConfig": "pipeline", "TransactionConfig": "transaction", "SparkConfig": "spark",
-           "BindingConfig": "bindings", "SourceConfig": "source"}
+           "BindingConfig": "bindings", "SourceConfig": "source", "BindingTemplate": "templates",
+           "TemplateSourceConfig": "template-source"}
 
 
 def _type(prop: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ from materializer.runtime import EpochStager, advanced
 from materializer.errors import ConfigError, RecoveryLogError, StagingError, TableStateError
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
+from materializer.runtime import as_recorded
 from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
 from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
@@ -113,6 +114,8 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
         open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, writer=f"recover-{uuid.uuid4().hex[:8]}"
     )
     _repair_entries(log, summary)
+    # Bindings made from templates: those the last committed epoch covers (no broker or folder asked).
+    config = as_recorded(config)
     # Open first: its fence stops any run still active before anything is re-staged.
     state = log.open()
     last = state.last_commit
@@ -214,6 +217,7 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     driver_checkpoint = DriverCheckpoint(
         epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate,
         options=started.driver_checkpoint.options,
+        templated=dict(last.driver_checkpoint.templated) if last is not None and last.driver_checkpoint is not None else {},
     )
     entry = log.commit(target, new_checkpoint, driver_checkpoint)
     summary.recommitted_epoch = target
@@ -229,6 +233,7 @@ def skip_epoch(
 ) -> RecoverySummary:
     """Set a stuck epoch's rows for one binding aside (kept whole), and commit the epoch without them."""
     summary = RecoverySummary(pipeline_id=config.pipeline_id)
+    config = as_recorded(config)
     try:
         binding = config.binding(binding_name)
     except KeyError:

@@ -10,6 +10,7 @@ from materializer.delta import TableState, read_txn_without_spark, table_state
 from materializer.tables import TableRef
 from materializer.staging import StagingArea
 from materializer.recovery_log import RecoveryLog
+from materializer.runtime import as_recorded
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class _Tables:
 
 def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> PipelineStatus:
     """``spark``: a session, a function that starts one (called only if a table needs it), or None."""
+    config = as_recorded(config)  # bindings made from templates: those the last committed epoch covers
     log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
     state = log.read()
     datasets = StagingArea.of(config).datasets()

@@ -1,0 +1,262 @@
+"""Binding templates: one binding per Kafka topic a pattern matches, or per sub-folder of a folder.
+
+Two steps, kept apart so the first is plain Python a unit test drives without a broker or Spark:
+
+* :func:`expand` turns the configuration's templates, the topics and folders found, and the set
+  the last committed epoch covered (its driver checkpoint's ``templated``) into a configuration of
+  plain bindings (``templates`` empty), so the runtime, the driver and ``status`` see bindings
+  only. A binding the last epoch covered is always made, found or not (its staged rows must still
+  be applied): :attr:`Expansion.missing` names those no longer found, and the runtime stops (or
+  drops them, ``on_missing: drop``) only once their last epoch is applied.
+* :func:`discover` lists the topics (confluent-kafka's admin client) and sub-folders.
+
+What a binding is made from is recorded as ``topic:<name>`` or ``folder:<path>``; the recorded
+set is what a replay covers, whatever the brokers or folders show by then.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from materializer.config import BindingConfig, BindingTemplate, PipelineConfig
+from materializer.errors import ConfigError, SourceError
+from materializer.storage import local_path, open_store
+from materializer.tables import TableRef, config_identity
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CATALOG_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)){0,2}$")
+
+
+@dataclass(frozen=True)
+class Made:
+    """One binding made from a template."""
+
+    template: int
+    """Position of its template in ``templates``."""
+    source: str
+    """What it was made from: ``topic:<name>`` or ``folder:<path>``."""
+    binding: BindingConfig
+
+
+@dataclass(frozen=True)
+class Expansion:
+    config: PipelineConfig
+    """The pipeline with every binding made (after the configured ones) and no templates."""
+    made: dict[str, Made] = field(default_factory=dict)
+    """Per binding made from a template, by name."""
+    missing: dict[str, Made] = field(default_factory=dict)
+    """Bindings the last committed epoch covered whose topic or folder is no longer found (or no
+    longer matched): made so that epoch is applied, then stopped for or dropped."""
+
+    @property
+    def covered(self) -> dict[str, str]:
+        """What the next epoch covers, as recorded in its driver checkpoint: name -> source."""
+        return {name: m.source for name, m in self.made.items() if name not in self.missing}
+
+
+def source_id(template: BindingTemplate, found: str) -> str:
+    """How a binding's topic or folder is recorded."""
+    if template.source.format == "kafka":
+        return f"topic:{found}"
+    return f"folder:{(template.source.folders_in or '').rstrip('/')}/{found}"
+
+
+def values_for(template: BindingTemplate, found: str) -> dict[str, str] | None:
+    """The placeholders filled for topic or sub-folder ``found``; None: the template does not take it."""
+    source = template.source
+    if source.topic_pattern is None:
+        return {"folder": found}
+    match = re.fullmatch(source.topic_pattern, found)
+    if match is None or found.startswith("__"):
+        return None
+    values = {"topic": found}
+    for group, value in match.groupdict().items():
+        if value is None:
+            raise ConfigError(
+                f"templates: topic {found!r} matches topic_pattern {source.topic_pattern!r} without its group "
+                f"{group!r}, which the template's placeholders need: make the group required, or the pattern narrower"
+            )
+        values[group] = value
+    return values
+
+
+def make(config: PipelineConfig, index: int, found: str) -> Made | None:
+    """The binding template ``index`` makes for topic or sub-folder ``found`` (None: not its own)."""
+    template = config.templates[index]
+    values = values_for(template, found)
+    if values is None:
+        return None
+    what = f"{'topic' if template.source.format == 'kafka' else 'folder'} {found!r}"
+    where = f"templates[{index}]"
+    name = template.name_pattern.format_map(values)
+    if not _IDENT.match(name):
+        raise ConfigError(
+            f"{where}: {what} makes the binding name {name!r} (name: {template.name_pattern!r}), which is not letters, "
+            "digits and underscores starting with a letter or '_'. Name the bindings from parts that are, e.g. a named "
+            "group of topic_pattern: (?P<table>\\w+) with name: '{table}' (docs: 'Binding templates')"
+        )
+    table = template.table.format_map(values)
+    if "/" in "".join(values.values()) or any(v in (".", "..") for v in values.values()):
+        raise ConfigError(f"{where}: {what} would make the table {table!r} outside the template's folder; rename it")
+    if not TableRef(table).is_path and not _CATALOG_NAME.match(table):
+        raise ConfigError(
+            f"{where}: {what} makes the table {table!r} (table: {template.table!r}), which is not a catalog name "
+            "(catalog.schema.table of letters, digits and underscores): fill the table from parts that are, e.g. a "
+            "named group of topic_pattern, or write the part in backticks: main.bronze.`{topic}`"
+        )
+    try:
+        binding = BindingConfig.model_validate(template.binding_data(found, values))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'binding'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{where}: the binding made for {what} is invalid: {problems}") from None
+    return Made(index, source_id(template, found), binding)
+
+
+def _found_in(config: PipelineConfig, source: str) -> list[tuple[int, str]]:
+    """The templates that could have made a binding from recorded ``source``, with its topic or folder."""
+    kind, _, rest = source.partition(":")
+    out = []
+    for index, template in enumerate(config.templates):
+        if kind == "topic" and template.source.format == "kafka":
+            out.append((index, rest))
+        elif kind == "folder" and template.source.folders_in is not None:
+            root = template.source.folders_in.rstrip("/") + "/"
+            if rest.startswith(root) and "/" not in rest[len(root):]:
+                out.append((index, rest[len(root):]))
+    return out
+
+
+def expand(
+    config: PipelineConfig,
+    found: dict[int, list[str]],
+    recorded: dict[str, str] | None = None,
+    *,
+    dropped: set[str] | frozenset[str] = frozenset(),
+    epoch: int = 0,
+) -> Expansion:
+    """The configuration's bindings and those its templates make from ``found`` (per template,
+    the topics or sub-folders found) and from ``recorded`` (what epoch ``epoch`` covered).
+
+    ``dropped``: bindings no longer found whose last epoch this process has applied, with
+    ``on_missing: drop``: left out. Two bindings on one name or one table are a ConfigError
+    naming both topics or folders."""
+    recorded = recorded or {}
+    made: dict[str, Made] = {}
+    names = {b.name: f"binding {b.name!r}" for b in config.bindings}
+    tables = {config_identity(b.table): f"binding {b.name!r}" for b in config.bindings}
+
+    def add(item: Made) -> None:
+        name, what = item.binding.name, f"{item.source.replace(':', ' ', 1)} (templates[{item.template}])"
+        if name in made and made[name].source == item.source:
+            return
+        if name in names:
+            raise ConfigError(
+                f"{names[name]} and {what} both make the binding name {name!r}: a name takes one binding. Change the "
+                f"template's name (or narrow its pattern) so each topic or folder gets a name of its own"
+            )
+        identity = config_identity(item.binding.table)
+        if identity in tables:
+            raise ConfigError(
+                f"{tables[identity]} and {what} both make the table {item.binding.table!r}: a table takes one binding, "
+                "or the second one's rows would be skipped as already applied. Put a placeholder that tells them apart "
+                "in the template's table (or narrow its pattern)"
+            )
+        names[name] = tables[identity] = what
+        made[name] = item
+
+    for index in range(len(config.templates)):
+        for name in sorted(found.get(index, [])):
+            item = make(config, index, name)
+            if item is not None and item.binding.name not in dropped:
+                add(item)
+    present = set(made)
+    missing: dict[str, Made] = {}
+    for name, source in sorted(recorded.items()):
+        if name in present or name in dropped:
+            continue
+        candidates = [m for i, f in _found_in(config, source) if (m := make(config, i, f)) is not None and m.binding.name == name]
+        if not candidates:
+            raise ConfigError(
+                f"epoch {epoch} covers binding {name!r}, made from {source.replace(':', ' ', 1)}, and no template makes it "
+                "any more: its rows of that epoch could not be applied. Restore the template that made it (its name and "
+                "table patterns), run until it is applied, then change the templates"
+            )
+        add(candidates[0])
+        missing[name] = candidates[0]
+    bindings = [*config.bindings, *(m.binding for m in sorted(made.values(), key=lambda m: m.binding.name))]
+    update: dict[str, Any] = {"bindings": bindings, "templates": []}
+    expanded = PipelineConfig.model_validate({**{k: getattr(config, k) for k in type(config).model_fields}, **update})
+    return Expansion(expanded, made, missing)
+
+
+def missing_error(expansion: Expansion, epoch: int, config: PipelineConfig) -> SourceError:
+    """The run's stop for bindings no longer found whose templates say ``on_missing: fail``."""
+    lines = []
+    for name, item in sorted(expansion.missing.items()):
+        kind, _, what = item.source.partition(":")
+        gone = "is gone from the brokers, or topic_pattern no longer matches it" if kind == "topic" else "is gone"
+        lines.append(f"binding {name!r} (table {item.binding.table}): {kind} {what!r} {gone}")
+    indexes = sorted({item.template for item in expansion.missing.values()})
+    return SourceError(
+        "no longer found: " + "; ".join(lines) + f". Every committed epoch (up to {epoch}) is applied to its table. "
+        "If it was removed on purpose, set `on_missing: drop` on "
+        + ", ".join(f"templates[{i}]" for i in indexes)
+        + " and run again (its table keeps what it holds); otherwise restore it and run again. Nothing more was read."
+    )
+
+
+def discover(config: PipelineConfig) -> dict[int, list[str]]:
+    """Per template, the topics its pattern matches or the sub-folders of its folder, sorted."""
+    topics: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    out: dict[int, list[str]] = {}
+    for index, template in enumerate(config.templates):
+        source = template.source
+        if source.topic_pattern is not None:
+            client = (source.bootstrap_servers or "", tuple(sorted(source.client_options.items())))
+            if client not in topics:
+                topics[client] = list_topics(client[0], dict(client[1]), f"templates[{index}]")
+            out[index] = sorted(t for t in topics[client] if values_for(template, t) is not None)
+        else:
+            out[index] = sub_folders(source.folders_in or "", f"templates[{index}].source.folders_in")
+    return out
+
+
+def list_topics(bootstrap: str, client_options: dict[str, str], where: str, timeout: float = 30) -> list[str]:
+    """Every topic the brokers list (Kafka's own ``__`` topics included: the patterns skip them)."""
+    try:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+    except ImportError:
+        raise ConfigError(
+            "kafka templates list topics with confluent-kafka: pip install 'delta-materializer[kafka]' (or confluent-kafka)"
+        ) from None
+    try:
+        metadata = AdminClient({**client_options, "bootstrap.servers": bootstrap}).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise SourceError(f"{where}: listing the topics failed, the brokers did not answer ({exc}); check bootstrap_servers and client_options") from None
+    return sorted(metadata.topics)
+
+
+def sub_folders(root: str, where: str) -> list[str]:
+    """The sub-folders of ``root`` (local, or an S3 prefix: the first part of its keys), without
+    hidden ones (``.``, ``_``: Spark's and editors' own)."""
+    path = local_path(root)
+    if path is not None:
+        try:
+            names = [e.name for e in os.scandir(path) if e.is_dir()]
+        except FileNotFoundError:
+            raise SourceError(f"{where}: the folder {root} does not exist; create it, or fix folders_in") from None
+    else:
+        names = list({f.path.split("/", 1)[0] for f in open_store(root).list() if "/" in f.path})
+    return sorted(n for n in names if not n.startswith((".", "_")))
+
+
+def recorded_set(entry: Any) -> dict[str, str]:
+    """What a log entry's epoch covered from templates (none: empty)."""
+    checkpoint = getattr(entry, "driver_checkpoint", None)
+    return dict(checkpoint.templated) if checkpoint is not None else {}
