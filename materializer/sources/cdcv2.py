@@ -512,7 +512,7 @@ class CdcV2Source(Source):
 
         names = [name for name, _ in listing]
         dead_letter = self.binding.on_invalid == "dead_letter"
-        parsed = self._statements(self.lines(spark, listing).select("file", "value"))
+        parsed = self._statements(self._lines(spark, listing).select("file", "value"))
 
         # posexplode_outer keeps progress and malformed lines (u is NULL): one plan, so the
         # validation and the progress statements come out of one pass over the files.
