@@ -336,15 +336,6 @@ class DeltaDriver(Driver):
         applied by then record the epoch, so the re-apply skips them."""
         epoch = message.epoch
         checkpoint = message.driver_checkpoint
-        gone = sorted(set(checkpoint.staged) - {binding.name for binding in self.config.bindings})
-        if gone:
-            # Applying the others and acknowledging would drop these rows without a word.
-            raise ConfigError(
-                f"epoch {epoch} is committed with staged rows for binding(s) {', '.join(map(repr, gone))}, which "
-                "the configuration no longer has, and it is not applied yet: nothing was applied. Put the "
-                "binding(s) back until a run has applied epoch " + str(epoch) + " (then remove them), or give "
-                "the binding that replaces one its old name in previous_names."
-            )
         todo = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
 
         def apply(binding: BindingConfig, slot: int) -> ApplyResult:

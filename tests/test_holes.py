@@ -187,31 +187,6 @@ def test_a_renamed_binding_is_refused_then_takes_over_its_old_state_with_previou
     assert entry is not None and "items_v2" in (entry.runtime_checkpoint or {})
 
 
-def test_a_binding_removed_while_its_epoch_is_unapplied_stops_the_run_instead_of_dropping_its_rows(spark: Any, tmp_path: Path) -> None:
-    """Epoch 1 is committed with rows staged for two tables, and the run dies before applying it.
-    The next run's configuration has lost one binding: applying the other and acknowledging
-    would drop the lost one's rows without a word. It stops instead, applying nothing; with the
-    binding back, both tables get their rows."""
-    from materializer.errors import ConfigError
-    from tests.helpers import delta_rs_list
-
-    write_jsonl(tmp_path / "a" / "a.jsonl", [{"id": 1, "v": 1}])
-    write_jsonl(tmp_path / "b" / "b.jsonl", [{"id": 2, "v": 2}])
-    both = [binding("items", tmp_path / "a", tmp_path / "tables" / "items"), binding("others", tmp_path / "b", tmp_path / "tables" / "others")]
-    config = config_with(tmp_path, both)
-    with pytest.raises(Killed):
-        killed_before_applying(Runtime(config, spark), 1).run()
-    one = config_with(tmp_path, [binding("items", tmp_path / "a", tmp_path / "tables" / "items")])
-    with pytest.raises(ConfigError, match=r"epoch 1 is committed with staged rows for binding\(s\) 'others'.*nothing was applied"):
-        Runtime(one, spark).run()
-    assert not (tmp_path / "tables" / "items" / "_delta_log").exists()
-    Runtime(config_with(tmp_path, both), spark).run()
-    for name, key in (("items", 1), ("others", 2)):
-        table = str(tmp_path / "tables" / name)
-        assert [r["id"] for r in spark.read.format("delta").load(table).collect()] == [key]
-        assert [r["id"] for r in delta_rs_list(table)] == [key]
-
-
 # --- 4: no clean-up on a stale view -------------------------------------------------------------
 
 
