@@ -375,8 +375,7 @@ class Runtime:
         pending: DriverCheckpoint | None = driver_checkpoint
         current: EpochSummary | None = None
         applier = BackgroundApply(self._acknowledge, pipelined=self.config.transaction.pipelined)
-        touched = time.monotonic()
-        """When the driver's sessions last had work (or a keep-alive, :data:`KEEP_ALIVE_SECONDS`)."""
+        touched = time.monotonic()  # when the driver's sessions last had work or a keep-alive
         try:
             while True:
                 # --- Acknowledge epoch N (on the first loop: the re-apply after Open) ---

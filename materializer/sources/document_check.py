@@ -323,7 +323,8 @@ def validator(spark: Any) -> str:
 
 
 FAST_JSON = "__j"
-"""The fast documents typed by ``from_json`` (NULL for the others)."""
+"""The fast documents' fields the validator does not type (:func:`python_typed`), typed by
+``from_json`` (NULL for the other documents; absent when every declared field is typed by it)."""
 
 
 def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[Any, Callable[[], int]]:
