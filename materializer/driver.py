@@ -184,6 +184,8 @@ class DeltaDriver(Driver):
           pipeline_id over existing tables would read the source again and write it twice.
         """
         written = set(checkpoint.written) if checkpoint else set()
+        if checkpoint is not None:
+            self._check_removed(checkpoint)
         for binding in self.config.bindings:
             table = TableRef(binding.table)
             state = table_state(self.spark, table, self.config.pipeline_id)
@@ -201,6 +203,40 @@ class DeltaDriver(Driver):
             self._check_layout(binding, table)
             self._check_writers(binding, table)
             self._check_options(binding, table, state.txn_version, checkpoint, last_epoch)
+
+    def _check_removed(self, checkpoint: DriverCheckpoint) -> None:
+        """A binding the last committed epoch staged rows (or dead letters) for, no longer in the
+        configuration: its tables must record that epoch, or the rows would be dropped without a
+        word (Acknowledge applies the configured bindings only). Open re-acknowledges the last epoch
+        whether or not it was applied, so each table says which: applied, the binding may go; not,
+        the run stops here, before anything is read or committed."""
+        configured = {b.name for b in self.config.bindings}
+        owed = [
+            (name, key, staged)
+            for kind, suffix in ((checkpoint.staged, ""), (checkpoint.dead_letters, DEAD_LETTER_SUFFIX))
+            for name, staged in kind.items()
+            if staged is not None and name not in configured and name not in checkpoint.skipped
+            for key in [name + suffix]
+        ]
+        for name, key, staged in sorted(owed, key=lambda item: item[1]):
+            table = checkpoint.tables.get(key)
+            if table is not None:
+                state = table_state(self.spark, TableRef(table), self.config.pipeline_id)
+                if state.txn_version is not None and state.txn_version >= checkpoint.epoch:
+                    continue
+                where = f"table {table} records epoch {state.txn_version}" if state.exists else f"table {table} does not exist yet"
+            else:
+                # An entry written before the checkpoint named its tables: the staged files tell
+                # (Acknowledge deletes them once every table of the epoch is applied).
+                if not self.staging_area.store_of(staged).list(staged.uri):
+                    continue
+                where = f"its staged files {staged.uri} are still there"
+            raise ConfigError(
+                f"binding {name!r} is not in the configuration, but the last committed epoch ({checkpoint.epoch}) "
+                f"staged rows for it that are not applied yet ({where}). Removing the binding now would drop "
+                f"those rows. Put it back for one run, so epoch {checkpoint.epoch} is applied, then remove it (or, "
+                "if it was renamed, name its old name in the new binding's `previous_names`). Nothing was changed."
+            )
 
     def _check_options(
         self, binding: BindingConfig, table: TableRef, applied: int | None, checkpoint: DriverCheckpoint | None, last_epoch: int
@@ -664,6 +700,10 @@ class DeltaDriver(Driver):
             driver_checkpoint=DriverCheckpoint(
                 epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
                 options={b.name: table_options(b) for b in self.config.bindings},
+                tables={
+                    **{b.name: b.table for b in self.config.bindings if staged.get(b.name) is not None},
+                    **{b.name + DEAD_LETTER_SUFFIX: str(b.dead_letters) for b in self.config.bindings if b.name in dead},
+                },
             )
         )
 

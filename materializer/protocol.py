@@ -72,6 +72,10 @@ class DriverCheckpoint(Model):
     """Bindings made from templates that this epoch covers, each with what it was made from
     (``topic:<name>`` or ``folder:<path>``): a replay covers the same set, and a run that no
     longer finds one stops (or drops it) only after applying it. Empty without templates."""
+    tables: dict[str, str] = Field(default_factory=dict)
+    """Per binding, the table it wrote to (as configured): a binding removed from the configuration
+    while this epoch is unapplied is checked against its table at the next Open, so its staged rows
+    are never dropped without a word. Empty in older entries."""
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per binding, the options its rows were staged with that shape its table
     (:func:`materializer.option_changes.table_options`): the next Open compares the configuration

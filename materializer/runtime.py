@@ -516,6 +516,7 @@ def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
     runtime = dict(entry.runtime_checkpoint or {})
     driver = entry.driver_checkpoint
     staged = dict(driver.staged) if driver else {}
+    dead = dict(driver.dead_letters) if driver else {}
     written = set(driver.written) if driver else set()
     changed = False
     for binding in config.bindings:
@@ -526,6 +527,9 @@ def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
             if old in staged and binding.name not in staged:
                 staged[binding.name] = staged.pop(old)
                 changed = True
+            if old in dead and binding.name not in dead:
+                dead[binding.name] = dead.pop(old)
+                changed = True
             if old in written:
                 written = (written - {old}) | {binding.name}
                 changed = True
@@ -533,7 +537,9 @@ def _renamed(entry: LogEntry | None, config: PipelineConfig) -> LogEntry | None:
         return entry
     update: dict[str, Any] = {"runtime_checkpoint": runtime}
     if driver is not None:
-        update["driver_checkpoint"] = driver.model_copy(update={"staged": staged, "written": sorted(written)})
+        update["driver_checkpoint"] = driver.model_copy(
+            update={"staged": staged, "dead_letters": dead, "written": sorted(written)}
+        )
     return entry.model_copy(update=update)
 
 

@@ -20,7 +20,7 @@ from materializer.errors import ApplyError, ConfigError, FencedError, SourceErro
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
 from materializer.storage import open_store
-from tests.helpers import binding, table_rows, write_config, write_jsonl
+from tests.helpers import binding, delta_rs_rows, table_rows, write_config, write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -426,3 +426,35 @@ def test_yaml_helper_roundtrips_odd_names(tmp_path: Path) -> None:
     # the config itself carries such names unchanged
     path = write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "t", key=["k`1"])])
     assert yaml.safe_load(path.read_text())["bindings"][0]["key"] == ["k`1"]
+
+
+def test_a_binding_removed_while_its_epoch_is_unapplied_stops_the_run_then_goes_once_applied(spark: Any, tmp_path: Path) -> None:
+    """Acknowledge applies the configured bindings only: before the check, a binding removed from the
+    configuration between its epoch's commit and its apply lost that epoch's rows without a word."""
+    for name in ("a", "b"):
+        write_jsonl(tmp_path / name / "1.jsonl", [{"id": 1, "v": 1}])
+    both = [binding(name, tmp_path / name, tmp_path / "tables" / name) for name in ("a", "b")]
+    config = config_with(tmp_path, both)
+    Runtime(config, spark).run()
+    for name in ("a", "b"):
+        write_jsonl(tmp_path / name / "2.jsonl", [{"id": 2, "v": 2}])
+    with pytest.raises(Killed):
+        killed_before_applying(Runtime(config, spark), 2).run()
+    assert last_epoch(config) == 2
+
+    only_a = config_with(tmp_path / "only-a", [both[0]], pipeline_id=config.pipeline_id,
+                         recovery_log=config.recovery_log, staging=config.staging)
+    with pytest.raises(ConfigError) as info:
+        Runtime(only_a, spark).run()
+    says = str(info.value)
+    assert "binding 'b'" in says and "epoch (2)" in says and "records epoch 1" in says and "Put it back" in says
+    assert sorted(table_rows(spark, tmp_path / "tables" / "b", ["id"])) == [(1,)]
+    assert sorted(table_rows(spark, tmp_path / "tables" / "a", ["id"])) == [(1,)]  # nothing applied either
+
+    Runtime(config, spark).run()  # back for one run: epoch 2 lands on both tables
+    for name in ("a", "b"):
+        assert sorted(table_rows(spark, tmp_path / "tables" / name, ["id"])) == [(1,), (2,)]
+        assert sorted(delta_rs_rows(tmp_path / "tables" / name, ["id"])) == [(1,), (2,)]
+    write_jsonl(tmp_path / "a" / "3.jsonl", [{"id": 3, "v": 3}])
+    assert Runtime(only_a, spark).run().last_epoch == 3  # applied, so the binding may go
+    assert sorted(table_rows(spark, tmp_path / "tables" / "a", ["id"])) == [(1,), (2,), (3,)]
