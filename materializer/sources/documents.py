@@ -150,6 +150,8 @@ class DocumentsSource(Source):
 
     def __init__(self, binding: Any, spool: Store) -> None:
         super().__init__(binding, spool)
+        self._columns: dict[Any, Any] = {}
+        """The readers' check columns, kept from epoch to epoch (``DocumentReader.columns``)."""
         self._check_exists()
 
     def _check_exists(self) -> None:
@@ -201,7 +203,10 @@ class DocumentsSource(Source):
         if plan.empty:
             return None
         declared = self.declared_schema(spark)
-        reader = DocumentReader(spark, store, self.binding.key, declared, checkpoint, dead_letter=self.binding.on_invalid == "dead_letter")
+        reader = DocumentReader(
+            spark, store, self.binding.key, declared, checkpoint, dead_letter=self.binding.on_invalid == "dead_letter",
+            columns=self._columns,
+        )
         change_controlled(reader, self.binding)
         if declared is not None:
             from materializer.sources.document_check import validator

@@ -205,9 +205,13 @@ class DocumentReader:
 
     def __init__(
         self, spark: "SparkSession", store: Store, keys: list[str], declared: "StructType | None",
-        checkpoint: dict[str, Any] | None, *, dead_letter: bool = False,
+        checkpoint: dict[str, Any] | None, *, dead_letter: bool = False, columns: "dict[Any, Column] | None" = None,
     ) -> None:
         self.spark = spark
+        self.columns: dict[Any, Column] = {} if columns is None else columns
+        """The check columns already built, by what they depend on (:meth:`_built`): a source keeps
+        them from epoch to epoch, as each costs hundreds of calls to the JVM to build and is the
+        same every epoch (an unresolved expression, reused by every epoch's plan)."""
         self.dead_letter = dead_letter
         self.bad = 0
         """Invalid documents of the epoch (set aside when ``dead_letter``)."""
@@ -323,9 +327,22 @@ class DocumentReader:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        declared = [] if lean or self.declared is None else [f.name for f in self.declared.fields]
-        named = self.keys + [OP, SEQ, "_meta", *self.hidden] + declared
-        return F.col("__v").try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in dict.fromkeys(named)]))
+        def build() -> "Column":
+            declared = [] if lean or self.declared is None else [f.name for f in self.declared.fields]
+            named = self.keys + [OP, SEQ, "_meta", *self.hidden] + declared
+            return F.col("__v").try_cast(T.StructType([T.StructField(n, T.VariantType()) for n in dict.fromkeys(named)]))
+
+        return self._built("variant_parts", lean, build)
+
+    def _built(self, name: str, lean: bool, build: "Callable[[], Column]") -> "Column":
+        """``build()``, or the column built before for the same binding settings (:attr:`columns`)."""
+        key = (
+            name, lean, tuple(self.keys), tuple(self.hidden), tuple(self.sequence_by),
+            None if self.declared is None else self.declared.json(),
+        )
+        if key not in self.columns:
+            self.columns[key] = build()
+        return self.columns[key]
 
     def problem(self, lean: bool = False) -> "Column":
         """Per document, what is wrong with it (NULL: nothing a row alone shows). Reads ``__v``,
@@ -337,6 +354,9 @@ class DocumentReader:
         with or without ANSI mode, and :meth:`explain` locates it), and a key that is an object
         or an array where the key is declared a scalar type other than STRING (the epoch's shape
         does not fit the schema). Refused epochs are named by the full set (``verify``)."""
+        return self._built("problem", lean, lambda: self._problem(lean))
+
+    def _problem(self, lean: bool) -> "Column":
         from pyspark.sql import functions as F
 
         v = F.col("__v")
