@@ -389,3 +389,28 @@ def test_a_kill_is_counted_in_the_window_it_fell_in() -> None:
     assert report.windows() == {BETWEEN_BINDINGS: 1, OVERLAP: 1, BETWEEN_EPOCHS: 0}  # 0: never hit
     report.unreachable = {BETWEEN_BINDINGS: "the pipeline has one binding"}
     assert report.windows()[BETWEEN_BINDINGS] == "the pipeline has one binding"
+
+
+def test_a_kill_in_the_re_apply_at_open_is_counted_in_its_window() -> None:
+    """A restarted run re-applies the last committed epoch before it commits one of its own (the
+    Connect drill's runs spend half their time there): a kill with one of its tables re-applied and
+    not the other is between two bindings' applies, and with the next epoch's read under way it is
+    the overlap window; neither was counted (the run had no Committed event yet)."""
+    from materializer import events
+    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS, OVERLAP, RunPhase
+
+    phase = RunPhase(bindings=2)
+    steps = [
+        (events.Opened(pipeline="p", epoch=4, writer="w"), ""),
+        (events.SpanStarted(name="read", epoch=5, binding="a"), OVERLAP),
+        (events.Applied(binding="a", table="t", status="skipped", epoch=4), BETWEEN_BINDINGS),
+        (events.Applied(binding="b", table="u", status="applied", epoch=4), BETWEEN_EPOCHS),
+        (events.Committed(epoch=5, documents=2, at="now"), ""),
+    ]
+    for event, window in steps:
+        phase.feed(0.0, event)
+        assert phase.window == window, (event, phase.phase)
+    assert phase.committed == [5]  # what the run itself committed to the log, as before
+    fresh = RunPhase(bindings=2)
+    fresh.feed(0.0, events.Opened(pipeline="p", epoch=0, writer="w"))  # nothing committed yet: nothing to re-apply
+    assert fresh.window == "" and not fresh.applying
