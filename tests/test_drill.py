@@ -414,3 +414,19 @@ def test_a_kill_in_the_re_apply_at_open_is_counted_in_its_window() -> None:
     fresh = RunPhase(bindings=2)
     fresh.feed(0.0, events.Opened(pipeline="p", epoch=0, writer="w"))  # nothing committed yet: nothing to re-apply
     assert fresh.window == "" and not fresh.applying
+
+
+def test_the_apply_window_is_measured_when_the_next_read_overlaps_it() -> None:
+    """Random kills after 'committed' are spread over the apply window measured so far; the next
+    epoch's read starts during the apply (and ends long before a MERGE does), and the window was
+    only measured when no read had begun: never, so every such kill fell in the first second of
+    the first table's MERGE and none between two bindings' applies (a 3-binding Connect drill)."""
+    from materializer import events
+    from materializer.tools.drill import RunPhase
+
+    phase = RunPhase(bindings=2)
+    phase.feed(0.0, events.Committed(epoch=1, documents=2, at="now"))
+    phase.feed(1.0, events.Read(epoch=2, binding="a", documents=2, extent="f", seconds=1.0, at="now"))
+    phase.feed(5.0, events.Applied(binding="a", table="t", status="applied", epoch=1))
+    phase.feed(10.0, events.Applied(binding="b", table="u", status="applied", epoch=1))
+    assert phase.apply_windows == [10.0]
