@@ -430,3 +430,21 @@ def test_the_apply_window_is_measured_when_the_next_read_overlaps_it() -> None:
     phase.feed(5.0, events.Applied(binding="a", table="t", status="applied", epoch=1))
     phase.feed(10.0, events.Applied(binding="b", table="u", status="applied", epoch=1))
     assert phase.apply_windows == [10.0]
+
+
+def test_a_drill_cut_short_says_so_in_its_table(tmp_path: Path) -> None:
+    """`kill -USR1` drains and reports the kills made; the printed table said nothing of the cut,
+    so '3 random kills, pass' of a 1000-kill drill read like a finished one."""
+    import io
+
+    from rich.console import Console
+
+    from cli.drill import _print_report
+    from materializer.tools.drill import DrillReport, RunRecord
+
+    report = DrillReport(scenario="kills", config="c", workdir="w", seed=7, started_at="now", planned_kills=1008, stopped_early=True)
+    report.runs = [RunRecord(round=1, index=i, plan="p", kind="random", point=None, exit_code=-9, outcome="killed", landed="apply") for i in (1, 2, 3)]
+    out = io.StringIO()
+    _print_report(report, Console(file=out, width=200))
+    assert "stopped early (SIGUSR1)" in out.getvalue() and "3 of 1008 planned kills" in out.getvalue(), out.getvalue()
+    assert report.to_json()["planned_kills"] == 1008
