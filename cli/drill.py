@@ -117,7 +117,10 @@ def _print_report(result: Any, console: Any) -> None:
     for r in others:
         table.add_row(r.plan, f"{r.outcome} (exit {r.exit_code})")
     data = result.to_json()
-    table.add_row("restarts", str(data["restarts"]), end_section=True)
+    table.add_row("restarts", str(data["restarts"]), end_section=not result.stopped_early)
+    if result.stopped_early:
+        # Said where the counts are: a reader of the table alone must not take it for the full plan.
+        table.add_row("[yellow]stopped early (SIGUSR1)[/]", f"{data['kills_total']} of {result.planned_kills} planned kills", end_section=True)
     for window, count in data["windows"].items():
         shown = count if isinstance(count, str) else ("[yellow]never hit[/]" if count == 0 else str(count))
         table.add_row(f"kills {window}", shown if not isinstance(count, str) else f"not reachable: {count}")

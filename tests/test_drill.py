@@ -389,3 +389,62 @@ def test_a_kill_is_counted_in_the_window_it_fell_in() -> None:
     assert report.windows() == {BETWEEN_BINDINGS: 1, OVERLAP: 1, BETWEEN_EPOCHS: 0}  # 0: never hit
     report.unreachable = {BETWEEN_BINDINGS: "the pipeline has one binding"}
     assert report.windows()[BETWEEN_BINDINGS] == "the pipeline has one binding"
+
+
+def test_a_kill_in_the_re_apply_at_open_is_counted_in_its_window() -> None:
+    """A restarted run re-applies the last committed epoch before it commits one of its own (the
+    Connect drill's runs spend half their time there): a kill with one of its tables re-applied and
+    not the other is between two bindings' applies, and with the next epoch's read under way it is
+    the overlap window; neither was counted (the run had no Committed event yet)."""
+    from materializer import events
+    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS, OVERLAP, RunPhase
+
+    phase = RunPhase(bindings=2)
+    steps = [
+        (events.Opened(pipeline="p", epoch=4, writer="w"), ""),
+        (events.SpanStarted(name="read", epoch=5, binding="a"), OVERLAP),
+        (events.Applied(binding="a", table="t", status="skipped", epoch=4), BETWEEN_BINDINGS),
+        (events.Applied(binding="b", table="u", status="applied", epoch=4), BETWEEN_EPOCHS),
+        (events.Committed(epoch=5, documents=2, at="now"), ""),
+    ]
+    for event, window in steps:
+        phase.feed(0.0, event)
+        assert phase.window == window, (event, phase.phase)
+    assert phase.committed == [5]  # what the run itself committed to the log, as before
+    fresh = RunPhase(bindings=2)
+    fresh.feed(0.0, events.Opened(pipeline="p", epoch=0, writer="w"))  # nothing committed yet: nothing to re-apply
+    assert fresh.window == "" and not fresh.applying
+
+
+def test_the_apply_window_is_measured_when_the_next_read_overlaps_it() -> None:
+    """Random kills after 'committed' are spread over the apply window measured so far; the next
+    epoch's read starts during the apply (and ends long before a MERGE does), and the window was
+    only measured when no read had begun: never, so every such kill fell in the first second of
+    the first table's MERGE and none between two bindings' applies (a 3-binding Connect drill)."""
+    from materializer import events
+    from materializer.tools.drill import RunPhase
+
+    phase = RunPhase(bindings=2)
+    phase.feed(0.0, events.Committed(epoch=1, documents=2, at="now"))
+    phase.feed(1.0, events.Read(epoch=2, binding="a", documents=2, extent="f", seconds=1.0, at="now"))
+    phase.feed(5.0, events.Applied(binding="a", table="t", status="applied", epoch=1))
+    phase.feed(10.0, events.Applied(binding="b", table="u", status="applied", epoch=1))
+    assert phase.apply_windows == [10.0]
+
+
+def test_a_drill_cut_short_says_so_in_its_table(tmp_path: Path) -> None:
+    """`kill -USR1` drains and reports the kills made; the printed table said nothing of the cut,
+    so '3 random kills, pass' of a 1000-kill drill read like a finished one."""
+    import io
+
+    from rich.console import Console
+
+    from cli.drill import _print_report
+    from materializer.tools.drill import DrillReport, RunRecord
+
+    report = DrillReport(scenario="kills", config="c", workdir="w", seed=7, started_at="now", planned_kills=1008, stopped_early=True)
+    report.runs = [RunRecord(round=1, index=i, plan="p", kind="random", point=None, exit_code=-9, outcome="killed", landed="apply") for i in (1, 2, 3)]
+    out = io.StringIO()
+    _print_report(report, Console(file=out, width=200))
+    assert "stopped early (SIGUSR1)" in out.getvalue() and "3 of 1008 planned kills" in out.getvalue(), out.getvalue()
+    assert report.to_json()["planned_kills"] == 1008

@@ -166,6 +166,10 @@ class RunPhase:
         self.phase = "startup"
         self.applied_in_epoch: Counter[int] = Counter()
         self.committed: list[int] = []
+        """Epochs this run committed to the recovery log."""
+        self.pending: int | None = None
+        """The epoch whose tables are applied next or now: the last this run committed, or the
+        one Open found committed (the run's first Acknowledge re-applies it)."""
         self.commit_times: dict[int, float] = {}
         self.apply_windows: list[float] = []
         self.counts: Counter[str] = Counter()
@@ -179,16 +183,16 @@ class RunPhase:
     @property
     def applying(self) -> bool:
         """The last epoch committed to the log has tables not applied yet."""
-        return bool(self.committed) and self.applied_in_epoch[self.committed[-1]] < self.bindings
+        return self.pending is not None and self.applied_in_epoch[self.pending] < self.bindings
 
     @property
     def window(self) -> str:
         """The window between steps the run stands in now (for a kill), or ''."""
-        if not self.committed:
+        if self.pending is None:
             return ""
         if not self.applying:
             return BETWEEN_EPOCHS  # every table of the last epoch applied, the next not committed
-        if self.applied_in_epoch[self.committed[-1]] > 0:
+        if self.applied_in_epoch[self.pending] > 0:
             return BETWEEN_BINDINGS
         return OVERLAP if self.reading_next else ""
 
@@ -200,6 +204,10 @@ class RunPhase:
         """Update from one of the run's events; returns its kind if it is one kills are timed from."""
         if isinstance(event, events.Opened):
             self.phase = "re-apply"
+            # A restarted run's windows begin here, not at its first commit: its re-apply of the
+            # epoch Open found (tables applied one by one, the next epoch's read beside them) is
+            # where half of a restarted run's kills land.
+            self.pending = event.epoch or None
             return "opened"
         if isinstance(event, events.SpanStarted) and event.name in ("read", "prestage") and self.applying:
             self.reading_next = True
@@ -211,15 +219,19 @@ class RunPhase:
         if isinstance(event, events.Committed):
             self.reading_next = False
             self.committed.append(event.epoch)
+            self.pending = event.epoch
             self.commit_times[event.epoch] = at
             self.phase = "apply"
             return "committed"
         if type(event) is events.Applied:  # a table's apply (a dead-letter table's is not counted)
             self.applied_in_epoch[event.epoch] += 1
-            if self.applied_in_epoch[event.epoch] >= self.bindings and self.phase == "apply":
-                self.phase = "after-apply"
+            if self.applied_in_epoch[event.epoch] == self.bindings:
+                # Measured whether or not the next epoch's read began meanwhile: it begins during
+                # the apply and ends before a MERGE does, so the phase alone would never measure it.
                 if event.epoch in self.commit_times:
                     self.apply_windows.append(at - self.commit_times[event.epoch])
+                if self.phase == "apply":
+                    self.phase = "after-apply"
             return "applied"
         return None
 

@@ -77,6 +77,8 @@ class DrillReport:
     report_path: str = ""
     stopped_early: bool = False
     """SIGUSR1 cut the kill plan short; the verdict covers the kills made."""
+    planned_kills: int = 0
+    """Kills planned (failure points + ``--kills``): a drill cut short made fewer."""
 
     @property
     def verdict(self) -> str:

@@ -231,7 +231,9 @@ class Drill:
 
     def kills(self, tick: Callable[[], None] = lambda: None) -> None:
         self.new_round()
-        for plan in self.plans():
+        plans = self.plans()
+        self.report.planned_kills = len(plans)
+        for plan in plans:
             if self.stop_requested:
                 self.report.stopped_early = True
                 break
