@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import uuid
 from pathlib import Path
@@ -59,50 +60,115 @@ def options(draw: Any) -> dict[str, Any]:
     return {k: v for k, v in extra.items() if v not in (False, None)}
 
 
-def _value(draw: Any, values: Any) -> Any:
-    """A field's value in a change: absent (None as the marker below), NULL or a value."""
-    return draw(st.one_of(st.just(_ABSENT), st.none(), values))
+class _Drawn:
+    """Choices taken from hypothesis (small examples: it shrinks them)."""
+
+    def __init__(self, draw: Any) -> None:
+        self.draw = draw
+
+    def integer(self, low: int, high: int) -> int:
+        return self.draw(st.integers(low, high))
+
+    def integers(self, n: int, low: int, high: int, unique: bool = False) -> list[int]:
+        return self.draw(st.lists(st.integers(low, high), min_size=n, max_size=n, unique=unique))
+
+    def pick(self, values: list[Any]) -> Any:
+        return self.draw(st.sampled_from(values))
+
+
+class _Seeded(_Drawn):
+    """The same choices from a seeded ``random.Random``, for the pipeline examples' hundreds of
+    histories: drawn one by one through hypothesis they run past its per-example choice limit
+    (8k), and it throws the example away; in the full run's 12 examples 300 of 312 were thrown
+    away (8 minutes of drawing), and the few that fit had short histories and mostly one epoch.
+    The seed is drawn by hypothesis, so a run is reproduced by its blob; a failing example is
+    kept in tests/data/model-failures/ (shrinking a pipeline run of 170 keys was never practical)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def integer(self, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
+    def integers(self, n: int, low: int, high: int, unique: bool = False) -> list[int]:
+        if unique:
+            return self.rng.sample(range(low, high + 1), n)
+        return [self.rng.randint(low, high) for _ in range(n)]
+
+    def pick(self, values: list[Any]) -> Any:
+        return self.rng.choice(values)
 
 
 _ABSENT = object()
 
 
-@st.composite
-def history(draw: Any, key: int, distinct: bool = False) -> list[dict[str, Any]]:
+def _value(c: _Drawn, kind: str) -> Any:
+    """A field's value in a change: absent (None as the marker below), NULL or a value."""
+    branch = c.integer(0, 2)
+    if branch == 0:
+        return _ABSENT
+    if branch == 1:
+        return None
+    if kind == "a":
+        return c.integer(-5, 5)
+    if kind == "b":
+        return c.pick(["x", "y", "z"])
+    if kind == "s":
+        return {"p": None if c.integer(0, 1) == 0 else c.integer(0, 3)}
+    return False
+
+
+def _history(c: _Drawn, key: int, distinct: bool = False) -> list[dict[str, Any]]:
     """One key's changes in arrival order: upserts with NULL and missing fields, nested fields,
     deletes (by _meta.op or delete_when), redelivered earlier changes, equal sequences."""
-    n = draw(st.integers(1, 6))
-    sequences = draw(st.lists(st.integers(1, 12), min_size=n, max_size=n, unique=distinct))
+    n = c.integer(1, 6)
+    sequences = c.integers(n, 1, 12, unique=distinct)
     out: list[dict[str, Any]] = []
     for seq in sequences:
-        if out and not distinct and draw(st.integers(0, 5)) == 0:
-            out.append(dict(draw(st.sampled_from(out))))  # redelivered (at-least-once sources)
+        if out and not distinct and c.integer(0, 5) == 0:
+            out.append(dict(c.pick(out)))  # redelivered (at-least-once sources)
             continue
-        kind = draw(st.sampled_from(["upsert", "upsert", "upsert", "delete", "delete_when"]))
+        kind = c.pick(["upsert", "upsert", "upsert", "delete", "delete_when"])
         doc: dict[str, Any] = {"id": key, "ts": seq, "_meta": {"lsn": seq}}
         if kind == "delete":
             doc["_meta"]["op"] = "d"
         else:
             fields = {
-                "a": _value(draw, st.integers(-5, 5)),
-                "b": _value(draw, st.sampled_from(["x", "y", "z"])),
-                "s": _value(draw, st.fixed_dictionaries({"p": st.one_of(st.none(), st.integers(0, 3))})),
-                "gone": True if kind == "delete_when" else _value(draw, st.just(False)),
+                "a": _value(c, "a"),
+                "b": _value(c, "b"),
+                "s": _value(c, "s"),
+                "gone": True if kind == "delete_when" else _value(c, "gone"),
             }
             doc.update({k: v for k, v in fields.items() if v is not _ABSENT})
         out.append(doc)
     return out
 
 
-@st.composite
-def cut(draw: Any, histories: list[list[dict[str, Any]]], epochs: int) -> list[list[dict[str, Any]]]:
+def _cut(c: _Drawn, histories: list[list[dict[str, Any]]], epochs: int) -> list[list[dict[str, Any]]]:
     """Each key's history cut into ``epochs`` consecutive slices; empty epochs left out."""
     out: list[list[dict[str, Any]]] = [[] for _ in range(epochs)]
     for changes in histories:
-        marks = sorted(draw(st.lists(st.integers(0, epochs - 1), min_size=len(changes), max_size=len(changes))))
+        marks = sorted(c.integers(len(changes), 0, epochs - 1))
         for epoch, doc in zip(marks, changes):
             out[epoch].append(doc)
     return [e for e in out if e]
+
+
+@st.composite
+def history(draw: Any, key: int, distinct: bool = False) -> list[dict[str, Any]]:
+    return _history(_Drawn(draw), key, distinct)
+
+
+@st.composite
+def cut(draw: Any, histories: list[list[dict[str, Any]]], epochs: int) -> list[list[dict[str, Any]]]:
+    return _cut(_Drawn(draw), histories, epochs)
+
+
+@st.composite
+def seeded_histories(draw: Any, keys: int, epochs: int) -> list[list[dict[str, Any]]]:
+    """``keys`` histories cut into ``epochs``, from one drawn seed (see ``_Seeded``)."""
+    c = _Seeded(draw(st.integers(0, 2**32 - 1), label="seed"))
+    return _cut(c, [_history(c, k) for k in range(keys)], epochs)
 
 
 def _binding_options(extra: dict[str, Any]) -> Any:
@@ -214,8 +280,7 @@ def _property(spark: Any, tmp_path: Path, examples: int, keys: int) -> None:
         extra = data.draw(options(), label="options")
         binding = _binding_options(extra)
         assume(binding is not None)
-        histories = [data.draw(history(k)) for k in range(keys)]
-        epochs = data.draw(cut(histories, data.draw(st.integers(1, 3))))
+        epochs = data.draw(seeded_histories(keys, data.draw(st.integers(1, 3), label="epochs")), label="histories")
         root = tmp_path / uuid.uuid4().hex[:8]
         try:
             binding, table = _run_example(spark, root, extra, epochs)
