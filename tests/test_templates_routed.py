@@ -13,6 +13,7 @@ no table name, stop the run naming the record, before anything is committed.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,39 @@ def test_a_record_that_names_no_table_or_an_unmakeable_one_stops_the_run(spark: 
     assert "record shop.badname/0 offset 0 is the first of the epoch to name this table" in str(caught.value)
     assert "'public_order-lines'" in str(caught.value)
     assert not (tmp_path / "b" / "tables").exists()
+
+
+def test_route_by_makes_a_binding_per_value_and_keeps_every_recorded_one() -> None:
+    """Unit tier: the bindings made, recorded tables that an epoch does not carry stay covered
+    (never missing), and the configurations route_by refuses."""
+    from pydantic import ValidationError
+
+    from materializer import templates
+    from materializer.config import PipelineConfig
+
+    def pipeline(**source: Any) -> PipelineConfig:
+        return PipelineConfig.model_validate({
+            "pipeline_id": "p", "recovery_log": "/tmp/r/log", "staging": "/tmp/r/staging",
+            "templates": [{
+                "name": "{table}", "table": "/tmp/r/tables/{table}", "key": ["id"],
+                "source": {"format": "kafka", "bootstrap_servers": "h:9092", "payload": "debezium", **source},
+            }],
+        })
+
+    config = pipeline(topic="t", route_by={"table": "source.table"})
+    orders, items = (routed_found("t", {"table": name}) for name in ("orders", "items"))
+    expansion = templates.expand(config, {0: [orders]}, {"items": f"route:{items}"}, epoch=3)
+    assert expansion.missing == {}
+    assert {b.name: (b.source.topic, b.source.routed) for b in expansion.config.bindings} == {
+        "items": ("t", {"source.table": "items"}), "orders": ("t", {"source.table": "orders"}),
+    }
+    assert expansion.covered == {"items": f"route:{items}", "orders": f"route:{orders}"}
+    assert templates.discover(config) == {}  # its tables are found by reading the records, not listed
+    for source, words in [
+        ({"topic_pattern": "t.*", "route_by": {"table": "source.table"}}, "route_by is for a kafka template of one topic"),
+        ({"topic": "t", "route_by": {"table": "source..table"}}, "is not a dotted path"),
+        ({"topic": "t", "route_by": {"topic": "source.table"}}, "is not a placeholder name"),
+        ({"topic": "t", "route_by": {"other": "source.table"}}, "placeholder(s) {table}"),
+    ]:
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            pipeline(**source)
