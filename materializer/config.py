@@ -7,6 +7,7 @@ kept as they are.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,18 @@ _VIEW_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
 _VIEW_NAME = re.compile(rf"^{_VIEW_PART}(?:\.{_VIEW_PART}){{0,2}}$")
 
 
+FIELD_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+"""A dotted path of a field inside a record's value (``source.table``)."""
+
+
+def _check_field_paths(paths: dict[str, str], option: str) -> None:
+    if not paths:
+        raise ValueError(f"{option}: name at least one field")
+    for path in paths:
+        if not FIELD_PATH.match(path):
+            raise ValueError(f"{option}: {path!r} is not a dotted path of field names, e.g. source.table")
+
+
 class Model(BaseModel):
     """Frozen base: configuration never changes once loaded; unknown keys are errors."""
 
@@ -34,7 +47,7 @@ class Model(BaseModel):
 
 KAFKA_FIELDS = (
     "bootstrap_servers", "topic", "topics", "starting", "max_records", "payload", "key_from", "options", "client_options",
-    "on_data_loss", "unavailable_value",
+    "on_data_loss", "unavailable_value", "routed",
 )
 """SourceConfig fields that only the kafka format takes."""
 KAFKA_RESERVED_OPTIONS = (
@@ -107,6 +120,13 @@ class SourceConfig(Model):
     records). ``fail`` stops the run naming the partition and offsets; ``skip`` goes on from the
     earliest offset still there and logs a warning naming what was lost."""
 
+    routed: dict[str, str] | None = None
+    """kafka, documents and debezium payloads: only the records whose fields hold these values
+    (``{source.table: orders}``: a dotted path into the record's value, Debezium's ``payload``
+    envelope unwrapped), the others passed over. Set by a template's ``route_by`` on the bindings
+    it makes (docs: 'One topic, many tables'); a binding may set it by hand too. A record without
+    the field is not this binding's (a Debezium tombstone, say)."""
+
     @property
     def schema_ddl(self) -> str | None:
         return self.schema_
@@ -166,6 +186,13 @@ class SourceConfig(Model):
             raise ValueError("unavailable_value is for payload debezium (Debezium's placeholder of a value it does not have)")
         if self.key_from == "message" and self.payload != "documents":
             raise ValueError("key_from: message is for payload documents (Debezium events carry their keys in before/after)")
+        if self.routed is not None:
+            if self.payload not in ("documents", "debezium") or self.key_from == "message":
+                raise ValueError(
+                    "routed (and a template's route_by) is for payloads documents and debezium with the key in the value: "
+                    "a tombstone of key_from: message names no table, so it could not be routed"
+                )
+            _check_field_paths(self.routed, "routed")
         _check_starting(self.starting, names)
         for key, value in self.options.items():
             if key.lower() == "kafka.isolation.level" and value.strip().lower() not in ("read_committed", "read_uncommitted"):
@@ -428,6 +455,18 @@ PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 """A ``{placeholder}`` of a template's name or table (``{{`` and ``}}`` are literal braces)."""
 
 
+def routed_found(topic: str, values: dict[str, str]) -> str:
+    """What a ``route_by`` template makes a binding from: the topic and the route fields' values,
+    as one text (JSON, keys sorted), recorded in the driver checkpoint as ``route:<text>``."""
+    return json.dumps({"topic": topic, "values": dict(sorted(values.items()))}, sort_keys=True, separators=(",", ":"))
+
+
+def routed_values(found: str) -> tuple[str, dict[str, str]]:
+    """The topic and values of a :func:`routed_found` text."""
+    data = json.loads(found)
+    return str(data["topic"]), {str(k): str(v) for k, v in data["values"].items()}
+
+
 class TemplateSourceConfig(SourceConfig):
     """A template's source: a binding's source, with a topic pattern or a folder of folders."""
 
@@ -439,10 +478,31 @@ class TemplateSourceConfig(SourceConfig):
     folders_in: str | None = None
     """documents and cdcv2: a folder (or S3 prefix) whose every sub-folder is one binding reading
     that sub-folder (``{folder}``: its name; names starting with ``.`` or ``_`` are skipped)."""
+    route_by: dict[str, str] | None = None
+    """kafka, with ``topic``: one binding per value of fields of each record, e.g. ``{schema:
+    source.schema, table: source.table}`` for Debezium events of several tables in one topic
+    (placeholder -> dotted path into the value, Debezium's ``payload`` envelope unwrapped). A value
+    first seen in an epoch is a binding from that epoch on; every record must hold the fields
+    (docs: 'One topic, many tables')."""
 
     @model_validator(mode="after")
     def _kafka_fields(self) -> "TemplateSourceConfig":
         # Replaces SourceConfig's check: a template names its topics or folders by pattern.
+        if self.route_by is not None:
+            if self.format != "kafka" or self.topic is None or self.topic_pattern is not None or self.folders_in is not None:
+                raise ValueError(
+                    "route_by is for a kafka template of one topic: give topic (the topic carrying several tables), "
+                    "not topic_pattern, topics or folders_in"
+                )
+            _check_field_paths({path: "" for path in self.route_by.values()}, "route_by")
+            for placeholder in self.route_by:
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", placeholder) or placeholder == "topic":
+                    raise ValueError(f"route_by: {placeholder!r} is not a placeholder name (letters, digits, '_'; not 'topic')")
+            try:
+                SourceConfig.model_validate(self.concrete(routed_found(self.topic, {k: "example" for k in self.route_by})))
+            except ValidationError as exc:
+                raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
+            return self
         if self.format == "kafka":
             if self.topic_pattern is None or self.topic is not None or self.topics is not None or self.folders_in is not None:
                 raise ValueError(
@@ -471,14 +531,21 @@ class TemplateSourceConfig(SourceConfig):
     @property
     def placeholders(self) -> set[str]:
         """The placeholders a binding made from this source fills."""
+        if self.route_by is not None:
+            return {"topic", *self.route_by}
         if self.topic_pattern is not None:
             return {"topic", *re.compile(self.topic_pattern).groupindex}
         return {"folder"}
 
     def concrete(self, found: str) -> dict[str, Any]:
-        """The source of the binding made for topic or sub-folder ``found``, unvalidated."""
-        data = self.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in"})
-        if self.format == "kafka":
+        """The source of the binding made for topic or sub-folder ``found`` (with ``route_by``: a
+        :func:`routed_found`), unvalidated."""
+        data = self.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in", "route_by"})
+        if self.route_by is not None:
+            topic, values = routed_values(found)
+            data["topic"] = topic
+            data["routed"] = {path: values[placeholder] for placeholder, path in self.route_by.items()}
+        elif self.format == "kafka":
             data["topic"] = found
         else:
             data["path"] = (self.folders_in or "").rstrip("/") + "/" + found
@@ -533,7 +600,11 @@ class BindingTemplate(BindingConfig):
             raise ValueError("previous_names is for a binding, not a template")
         # Every other rule of a binding, checked now on a binding this template could make.
         try:
-            BindingConfig.model_validate(self.binding_data("example", {k: "example" for k in known}))
+            example = {k: "example" for k in known}
+            found = "example"
+            if self.source.route_by is not None:
+                found = routed_found(self.source.topic or "", {k: "example" for k in self.source.route_by})
+            BindingConfig.model_validate(self.binding_data(found, example))
         except ValidationError as exc:
             raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
         return self

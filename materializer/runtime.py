@@ -60,6 +60,7 @@ from materializer.storage import open_store
 from materializer import templates
 
 if TYPE_CHECKING:
+    from materializer.sources.kafka_routes import KafkaRouter
     from pyspark.sql import DataFrame, SparkSession
 
 
@@ -562,6 +563,29 @@ class TemplatedRuntime:
         self.collector = collector
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
         """Read only, to learn what the last committed epoch covered: each round's Runtime opens its own."""
+        self.routers: dict[int, KafkaRouter] = {}
+        """Per ``route_by`` template (one topic, many tables): its topic's shared position and fixed plan."""
+        if any(t.source.route_by is not None for t in config.templates):
+            from materializer.sources.kafka_routes import KafkaRouter
+
+            spool = open_store(config.staging_root)
+            self.routers = {i: KafkaRouter(config, i, spool) for i, t in enumerate(config.templates) if t.source.route_by is not None}
+
+    def _routed(self, state: Any) -> dict[int, list[str]]:
+        """Per ``route_by`` template, the tables the next epoch's records name (its plan fixed
+        from the topic's position after the last committed epoch)."""
+        recorded = templates.recorded_set(state.last_commit)
+        checkpoint = (state.last_commit.runtime_checkpoint if state.last_commit is not None else None) or {}
+        out = {}
+        for index, router in self.routers.items():
+            template = self.config.templates[index]
+            names = [
+                name for name, source in recorded.items()
+                if source.startswith("route:") and templates.values_for(template, source.removeprefix("route:")) is not None
+            ]
+            position = router.shared_position({name: checkpoint.get(name) for name in names})
+            out[index] = router.fix(self.spark, state.last_epoch, position)
+        return out
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
         """As :meth:`Runtime.run`, over the bindings the templates make, round after round."""
@@ -571,6 +595,8 @@ class TemplatedRuntime:
         while True:
             state = self.log.read()
             found = templates.discover(self.config)
+            listed = dict(found)
+            found.update(self._routed(state))
             expansion = templates.expand(
                 self.config, found, templates.recorded_set(state.last_commit), dropped=dropped, epoch=state.last_epoch
             )
@@ -580,22 +606,26 @@ class TemplatedRuntime:
                 remaining = 0  # Open and the re-apply of the last epoch (which covers them) only
             changed = {"found": False}
 
-            def stop_between(found: dict[int, list[str]] = found) -> bool:
+            def stop_between(listed: dict[int, list[str]] = listed, made: dict[str, templates.Made] = expansion.made) -> bool:
                 if should_stop is not None and should_stop():
                     return True
-                if templates.discover(self.config) != found:
+                if self.routers:
+                    # A table the next epoch's records name first: a binding from that epoch on.
+                    covered = {m.source for m in made.values()}
+                    if any(f"route:{text}" not in covered for texts in self._routed(self.log.read()).values() for text in texts):
+                        changed["found"] = True
+                        return True
+                if templates.discover(self.config) != listed:
                     changed["found"] = True  # ends this round at this epoch boundary
                     return True
                 return False
 
             sources = None
-            if expansion.missing:
-                # Their topics or folders are gone: a round of no new epoch reads no source.
+            if expansion.missing or self.routers:
+                # Gone topics or folders: a round of no new epoch reads no source. Routed tables:
+                # their topic's plan, fixed by its router, shared.
                 staging = open_store(expansion.config.staging_root)
-                sources = {
-                    b.name: _Gone(b, staging) if b.name in expansion.missing else open_source(b, staging)
-                    for b in expansion.config.bindings
-                }
+                sources = {b.name: self._source(b, expansion, staging) for b in expansion.config.bindings}
             runtime = Runtime(expansion.config, self.spark, self.collector, sources=sources, covered=expansion.covered)
             summary = runtime.run(follow=follow, max_epochs=remaining, should_stop=stop_between)
             if total is None:
@@ -618,6 +648,15 @@ class TemplatedRuntime:
                 break
         total.seconds = time.monotonic() - began
         return total
+
+
+    def _source(self, binding: Any, expansion: templates.Expansion, staging: Any) -> Source:
+        made = expansion.made.get(binding.name)
+        if binding.name in expansion.missing:
+            return _Gone(binding, staging)
+        if made is not None and made.template in self.routers:
+            return self.routers[made.template].source_for(binding, staging, made.source.removeprefix("route:"))
+        return open_source(binding, staging)
 
 
 class _Gone(Source):

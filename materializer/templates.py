@@ -10,8 +10,10 @@ Two steps, kept apart so the first is plain Python a unit test drives without a 
   drops them, ``on_missing: drop``) only once their last epoch is applied.
 * :func:`discover` lists the topics (confluent-kafka's admin client) and sub-folders.
 
-What a binding is made from is recorded as ``topic:<name>`` or ``folder:<path>``; the recorded
-set is what a replay covers, whatever the brokers or folders show by then.
+What a binding is made from is recorded as ``topic:<name>`` or ``folder:<path>``, or for a
+``route_by`` template (one topic, many tables) ``route:<topic and values as JSON>``; the recorded
+set is what a replay covers, whatever the brokers or folders show by then. A routed binding once
+recorded stays covered: an epoch whose records do not name its table simply has no batch for it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from materializer.config import BindingConfig, BindingTemplate, PipelineConfig
+from materializer.config import BindingConfig, BindingTemplate, PipelineConfig, routed_values
 from materializer.errors import ConfigError, SourceError
 from materializer.storage import local_path, open_store
 from materializer.tables import TableRef, config_identity
@@ -61,6 +63,8 @@ class Expansion:
 
 def source_id(template: BindingTemplate, found: str) -> str:
     """How a binding's topic or folder is recorded."""
+    if template.source.route_by is not None:
+        return f"route:{found}"
     if template.source.format == "kafka":
         return f"topic:{found}"
     return f"folder:{(template.source.folders_in or '').rstrip('/')}/{found}"
@@ -69,6 +73,9 @@ def source_id(template: BindingTemplate, found: str) -> str:
 def values_for(template: BindingTemplate, found: str) -> dict[str, str] | None:
     """The placeholders filled for topic or sub-folder ``found``; None: the template does not take it."""
     source = template.source
+    if source.route_by is not None:
+        topic, values = routed_values(found)
+        return {**values, "topic": topic} if topic == source.topic and set(values) == set(source.route_by) else None
     if source.topic_pattern is None:
         return {"folder": found}
     match = re.fullmatch(source.topic_pattern, found)
@@ -91,7 +98,10 @@ def make(config: PipelineConfig, index: int, found: str) -> Made | None:
     values = values_for(template, found)
     if values is None:
         return None
-    what = f"{'topic' if template.source.format == 'kafka' else 'folder'} {found!r}"
+    if template.source.route_by is not None:
+        what = f"topic {template.source.topic!r} records of " + ", ".join(f"{p}={values[p]!r}" for p in sorted(template.source.route_by))
+    else:
+        what = f"{'topic' if template.source.format == 'kafka' else 'folder'} {found!r}"
     where = f"templates[{index}]"
     name = template.name_pattern.format_map(values)
     if not _IDENT.match(name):
@@ -122,7 +132,9 @@ def _found_in(config: PipelineConfig, source: str) -> list[tuple[int, str]]:
     kind, _, rest = source.partition(":")
     out = []
     for index, template in enumerate(config.templates):
-        if kind == "topic" and template.source.format == "kafka":
+        if kind == "route" and template.source.route_by is not None:
+            out.append((index, rest))
+        elif kind == "topic" and template.source.format == "kafka" and template.source.route_by is None:
             out.append((index, rest))
         elif kind == "folder" and template.source.folders_in is not None:
             root = template.source.folders_in.rstrip("/") + "/"
@@ -187,7 +199,10 @@ def expand(
                 "table patterns), run until it is applied, then change the templates"
             )
         add(candidates[0])
-        missing[name] = candidates[0]
+        if not source.startswith("route:"):
+            # A routed table whose records the next epoch does not carry is not missing: its
+            # topic is read by the tables found, and the table goes on being covered.
+            missing[name] = candidates[0]
     bindings = [*config.bindings, *(m.binding for m in sorted(made.values(), key=lambda m: m.binding.name))]
     update: dict[str, Any] = {"bindings": bindings, "templates": []}
     expanded = PipelineConfig.model_validate({**{k: getattr(config, k) for k in type(config).model_fields}, **update})
@@ -216,6 +231,8 @@ def discover(config: PipelineConfig) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for index, template in enumerate(config.templates):
         source = template.source
+        if source.route_by is not None:
+            continue  # the tables of a topic's records are found by reading them (the runtime's KafkaRouter)
         if source.topic_pattern is not None:
             client = (source.bootstrap_servers or "", tuple(sorted(source.client_options.items())))
             if client not in topics:

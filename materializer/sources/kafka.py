@@ -698,12 +698,31 @@ class KafkaSource(Source):
         )
         if raw_columns:
             return raw
-        return raw.select(
+        records = raw.select(
             F.col("value").cast("string").alias("value"),
             F.col("key").cast("string").alias("key"),
             F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
             F.col("timestamp"),
         )
+        if config.routed is not None:
+            # One topic, many tables: this binding's records only, on the executors; within a
+            # partition they keep their offsets, so the table's order is the topic's.
+            condition = F.lit(True)
+            for path, value in sorted(config.routed.items()):
+                condition = condition & (route_field(F.col("value"), path, config.payload) == F.lit(value))
+            records = records.where(condition)
+        return records
+
+
+def route_field(value: "Column", path: str, payload: str) -> "Column":
+    """The text of field ``path`` (dotted) of a record's JSON ``value``: Debezium's ``payload``
+    envelope unwrapped when there is one; null when the value is null, not JSON or has no such field."""
+    from pyspark.sql import functions as F
+
+    plain = F.get_json_object(value, f"$.{path}")
+    if payload != "debezium":
+        return plain
+    return F.coalesce(F.get_json_object(value, f"$.payload.{path}"), plain)
 
 
 # --- reading and checking: the documents source's reader, over records --------------------------

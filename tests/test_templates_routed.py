@@ -1,0 +1,234 @@
+"""One topic, many tables (issue 32 item 3): a ``route_by`` template on a real broker.
+
+One topic of two partitions carries Debezium change events of three source tables (with and
+without the schema envelope, tombstones after deletes, one id in several tables). Epoch 1 sees two
+tables; epochs 2 and 3 are produced while the run goes on, and epoch 3's records name a third table
+first: it becomes a binding in that very epoch. Epoch 4's apply is cut (in process) after one of
+its three tables is applied; the restart applies the two others only. Every table is read back
+with delta-rs and Spark and equals the events' last state per key, each table recording each
+epoch it was a binding of once. A record without the route fields, and a value that makes
+no table name, stop the run naming the record, before anything is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from materializer.config import load_config, routed_found
+from materializer.delta import read_txn_without_spark
+from materializer.errors import SourceError
+from materializer.recovery_log import RecoveryLog
+from materializer.runtime import TemplatedRuntime
+from materializer.storage import open_store
+from materializer.tables import TableRef
+from tests.helpers import InProcessCrash, delta_rs_rows, table_rows, write_config
+from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+
+PIPELINE = "routed"
+TOPIC = "shop.routed"
+
+
+def _event(table: str, op: str, row: dict[str, Any], *, envelope: bool = False, schema: str = "public") -> bytes:
+    body = {
+        "before": row if op == "d" else None, "after": None if op == "d" else row, "op": op, "ts_ms": 0,
+        "source": {"db": "shop", "schema": schema, "table": table, "lsn": 1},
+    }
+    return json.dumps({"schema": {"type": "struct"}, "payload": body} if envelope else body).encode()
+
+
+class Topic:
+    """Produces events and keeps the expected tables: per table, id -> row (deletes remove)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.expected: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def send(self, events: list[tuple[str, str, dict[str, Any], int]], *, envelope_every: int = 3) -> None:
+        messages: list[tuple[Any, Any, int | None]] = []
+        for i, (table, op, row, partition) in enumerate(events):
+            key = json.dumps({"id": row["id"]}).encode()
+            messages.append((key, _event(table, op, row, envelope=i % envelope_every == 0), partition))
+            rows = self.expected.setdefault(table, {})
+            if op == "d":
+                rows.pop(row["id"], None)
+                messages.append((key, None, partition))  # the tombstone Debezium writes after a delete
+            else:
+                rows[row["id"]] = row
+        self.broker.produce(TOPIC, messages)
+
+
+def _config(tmp_path: Path, broker: Broker, topic: str = TOPIC, name: str = "{schema}_{table}") -> Any:
+    return load_config(write_config(
+        tmp_path, [], pipeline_id=PIPELINE,
+        templates=[{
+            "name": name,
+            "source": {
+                "format": "kafka", "bootstrap_servers": broker.bootstrap, "topic": topic, "payload": "debezium",
+                "route_by": {"schema": "source.schema", "table": "source.table"},
+            },
+            "table": str(tmp_path / "tables" / "{schema}" / "{table}"),
+            "key": ["id"],
+        }],
+    ))
+
+
+def _recorded(table: Path) -> int:
+    state = read_txn_without_spark(TableRef(str(table)), PIPELINE)
+    return 0 if state is None else state.txn_version or 0
+
+
+def _epochs(table: Path) -> list[int]:
+    from deltalake import DeltaTable
+
+    return sorted(
+        json.loads(c["userMetadata"])["materializer"]["epoch"] for c in DeltaTable(str(table)).history() if c.get("userMetadata")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_one_topic_of_three_tables_routed_over_epochs_and_a_kill_mid_apply(
+    spark: Any, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.create_topic(TOPIC, 2)
+    topic = Topic(broker)
+    tables = tmp_path / "tables" / "public"
+    config = _config(tmp_path, broker)
+    log = RecoveryLog(open_store(config.recovery_log), PIPELINE)
+
+    # Epoch 1: customers and orders, on both partitions; id 1 in both tables.
+    topic.send([
+        ("customers", "r", {"id": 1, "name": "ann"}, 0), ("customers", "r", {"id": 2, "name": "bob"}, 1),
+        ("orders", "c", {"id": 1, "amount": 10}, 1), ("orders", "c", {"id": 7, "amount": 70}, 0),
+        ("customers", "u", {"id": 1, "name": "ann2"}, 0),
+    ])
+    assert TemplatedRuntime(config, spark).run().last_epoch == 1
+    assert set(log.read().last_commit.driver_checkpoint.templated) == {"public_customers", "public_orders"}
+
+    # Epochs 2 and 3 are produced while the run goes on (at its epoch boundaries); epoch 3 names
+    # items first, so the run ends its round of two bindings and opens one of three, in that epoch.
+    waves = [
+        [
+            ("customers", "u", {"id": 2, "name": "bob2"}, 1), ("orders", "u", {"id": 1, "amount": 11}, 1),
+            ("orders", "d", {"id": 7, "amount": 70}, 0), ("customers", "c", {"id": 3, "name": "cy"}, 0),
+        ],
+        [
+            ("items", "c", {"id": 1, "sku": "a"}, 0), ("orders", "u", {"id": 1, "amount": 12}, 1),
+            ("items", "c", {"id": 2, "sku": "b"}, 1), ("items", "u", {"id": 1, "sku": "a2"}, 0),
+        ],
+    ]
+    calls: list[int] = []
+
+    def between() -> bool:
+        calls.append(len(calls))
+        if waves:
+            topic.send(waves.pop(0))
+        return False
+
+    summary = TemplatedRuntime(config, spark).run(should_stop=between)
+    assert [e.epoch for e in summary.epochs] == [2, 3]
+    assert summary.epochs[1].documents.get("public_items") == 3
+    assert "public_items" not in summary.epochs[0].documents
+    covered = log.read().last_commit.driver_checkpoint.templated
+    assert covered == {
+        f"public_{t}": "route:" + routed_found(TOPIC, {"schema": "public", "table": t}) for t in ("customers", "items", "orders")
+    }
+
+    # Epoch 4 on every table; its apply is cut once the first table records it.
+    topic.send([
+        ("customers", "d", {"id": 1, "name": "ann2"}, 0), ("orders", "c", {"id": 2, "amount": 20}, 0),
+        ("items", "u", {"id": 2, "sku": "b2"}, 1), ("customers", "u", {"id": 3, "name": "cy2"}, 0),
+        ("orders", "u", {"id": 2, "amount": 21}, 0),
+    ])
+    killed = InProcessCrash(monkeypatch, "after-apply:4")
+    frozen = killed.run(lambda: TemplatedRuntime(config, spark).run(), timeout=400)
+    try:
+        assert log.read().last_epoch == 4
+        applied = [t for t in ("customers", "items", "orders") if _recorded(tables / t) >= 4]
+        assert len(applied) == 1, f"killed with {applied} applied"
+        killed.disarm()
+        summary = TemplatedRuntime(config, spark).run()
+        assert summary.reapplied is not None and summary.epochs == []
+        statuses = {r.binding: r.status for r in summary.reapplied.results}
+        assert statuses == {f"public_{t}": ("skipped" if t in applied else "applied") for t in ("customers", "items", "orders")}
+    finally:
+        killed.thaw()
+        frozen.join(timeout=120)
+
+    for name, rows in topic.expected.items():
+        want = {(k,): row for k, row in rows.items()}
+        assert delta_rs_rows(tables / name, ["id"]) == want, name
+        assert table_rows(spark, tables / name, ["id"]) == want, name
+    assert topic.expected["customers"] == {2: {"id": 2, "name": "bob2"}, 3: {"id": 3, "name": "cy2"}}
+    # Each table records every epoch it was a binding of, once: customers has no record in epoch 3
+    # and still records it (the driver's commit of an epoch without rows, as for any binding);
+    # items is a binding from epoch 3 on, the epoch that first carries it.
+    assert _epochs(tables / "customers") == [1, 2, 3, 4]
+    assert _epochs(tables / "orders") == [1, 2, 3, 4]
+    assert _epochs(tables / "items") == [3, 4]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_record_that_names_no_table_or_an_unmakeable_one_stops_the_run(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    broker.create_topic("shop.unroutable", 1)
+    no_table = json.dumps({"before": None, "after": {"id": 2}, "op": "c", "source": {"schema": "public"}}).encode()
+    broker.produce("shop.unroutable", [(b"1", _event("customers", "c", {"id": 1}), 0), (b"2", no_table, 0)])
+    (tmp_path / "a").mkdir()
+    config = _config(tmp_path / "a", broker, "shop.unroutable")
+    with pytest.raises(SourceError) as caught:
+        TemplatedRuntime(config, spark).run()
+    assert "record shop.unroutable/0 offset 1 has no source.table" in str(caught.value)
+    assert RecoveryLog(open_store(config.recovery_log), PIPELINE).read().last_epoch == 0
+
+    broker.create_topic("shop.badname", 1)
+    broker.produce("shop.badname", [(b"1", _event("order-lines", "c", {"id": 1}), 0)])
+    (tmp_path / "b").mkdir()
+    config = _config(tmp_path / "b", broker, "shop.badname")
+    with pytest.raises(SourceError) as caught:
+        TemplatedRuntime(config, spark).run()
+    assert "record shop.badname/0 offset 0 is the first of the epoch to name this table" in str(caught.value)
+    assert "'public_order-lines'" in str(caught.value)
+    assert not (tmp_path / "b" / "tables").exists()
+
+
+def test_route_by_makes_a_binding_per_value_and_keeps_every_recorded_one() -> None:
+    """Unit tier: the bindings made, recorded tables that an epoch does not carry stay covered
+    (never missing), and the configurations route_by refuses."""
+    from pydantic import ValidationError
+
+    from materializer import templates
+    from materializer.config import PipelineConfig
+
+    def pipeline(**source: Any) -> PipelineConfig:
+        return PipelineConfig.model_validate({
+            "pipeline_id": "p", "recovery_log": "/tmp/r/log", "staging": "/tmp/r/staging",
+            "templates": [{
+                "name": "{table}", "table": "/tmp/r/tables/{table}", "key": ["id"],
+                "source": {"format": "kafka", "bootstrap_servers": "h:9092", "payload": "debezium", **source},
+            }],
+        })
+
+    config = pipeline(topic="t", route_by={"table": "source.table"})
+    orders, items = (routed_found("t", {"table": name}) for name in ("orders", "items"))
+    expansion = templates.expand(config, {0: [orders]}, {"items": f"route:{items}"}, epoch=3)
+    assert expansion.missing == {}
+    assert {b.name: (b.source.topic, b.source.routed) for b in expansion.config.bindings} == {
+        "items": ("t", {"source.table": "items"}), "orders": ("t", {"source.table": "orders"}),
+    }
+    assert expansion.covered == {"items": f"route:{items}", "orders": f"route:{orders}"}
+    assert templates.discover(config) == {}  # its tables are found by reading the records, not listed
+    for source, words in [
+        ({"topic_pattern": "t.*", "route_by": {"table": "source.table"}}, "route_by is for a kafka template of one topic"),
+        ({"topic": "t", "route_by": {"table": "source..table"}}, "is not a dotted path"),
+        ({"topic": "t", "route_by": {"topic": "source.table"}}, "is not a placeholder name"),
+        ({"topic": "t", "route_by": {"other": "source.table"}}, "placeholder(s) {table}"),
+    ]:
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            pipeline(**source)
