@@ -649,7 +649,6 @@ class TemplatedRuntime:
         total.seconds = time.monotonic() - began
         return total
 
-
     def _source(self, binding: Any, expansion: templates.Expansion, staging: Any) -> Source:
         made = expansion.made.get(binding.name)
         if binding.name in expansion.missing:
