@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from materializer.delta import TableRef, _complete_checkpoint, read_txn_without_spark, table_state, table_version, txn_version
+from materializer.delta import TableRef, read_txn_without_spark, table_state, table_version, txn_version
+from materializer.delta.txn_log import _complete_checkpoint
 from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark

@@ -1,0 +1,95 @@
+"""Who has committed to a table (``TableWriters``): our commit tags and the txn ids its Delta log keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from materializer.delta.names import parse_user_metadata, sql_name
+from materializer.delta.reads import table_location
+from materializer.tables import TableRef
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class TableWriters:
+    """Who has committed to a table, as its Delta log tells (the commits it still keeps)."""
+
+    tags: dict[tuple[str, str], tuple[int, int]]
+    """Our ``userMetadata`` tags: (pipeline, binding) -> (first, last) Delta version tagged so."""
+    app_ids: dict[str, int]
+    """Delta transaction ids (``txnAppId``) -> the last version known to record them."""
+
+
+def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
+    """Read the table's Delta log once: every tag of ours and every transaction id it records.
+
+    One Spark job over the ``_delta_log`` commit files (plus its checkpoints, which keep the
+    transaction ids of commits cleaned up since), through the DataFrame reader: Spark Connect
+    clean, no JVM internals. Meant for once per run (Open), not per epoch.
+    """
+    log = table_location(spark, table).rstrip("/") + "/_delta_log"
+    try:
+        return _writers_from_log(spark, log)
+    except Exception:  # noqa: BLE001 - e.g. Unity Catalog refuses path access to a managed table
+        if table.is_path:
+            raise
+    # The catalog's own view: the history's tags (transaction ids are not in it).
+    tags: dict[tuple[str, str], tuple[int, int]] = {}
+    for row in spark.sql(f"DESCRIBE HISTORY {sql_name(table)}").select("version", "userMetadata").collect():
+        meta = parse_user_metadata(row["userMetadata"])
+        if meta is not None and "pipeline" in meta and "binding" in meta:
+            key = (str(meta["pipeline"]), str(meta["binding"]))
+            version = int(row["version"])
+            first, last = tags.get(key, (version, version))
+            tags[key] = (min(first, version), max(last, version))
+    return TableWriters(tags=tags, app_ids={})
+
+
+def _writers_from_log(spark: "SparkSession", log: str) -> TableWriters:
+    from pyspark.sql import functions as F
+
+    commits = (
+        spark.read.schema("commitInfo STRUCT<userMetadata: STRING>, txn STRUCT<appId: STRING, version: BIGINT>")
+        .json(log + "/*.json")
+        .select(
+            F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.json$", 1).alias("v"),
+            F.col("commitInfo.userMetadata").alias("meta"),
+            F.col("txn.appId").alias("app"),
+        )
+        .where(F.col("v") != "")
+        .where(F.col("meta").isNotNull() | F.col("app").isNotNull())
+        .groupBy("meta", "app")
+        .agg(F.min(F.col("v").cast("bigint")).alias("first"), F.max(F.col("v").cast("bigint")).alias("last"))
+        .collect()  # one row per distinct tag or txn id: a handful, not the table
+    )
+    tags: dict[tuple[str, str], tuple[int, int]] = {}
+    app_ids: dict[str, int] = {}
+    for row in commits:
+        meta = parse_user_metadata(row["meta"])
+        if meta is not None and "pipeline" in meta and "binding" in meta:
+            key = (str(meta["pipeline"]), str(meta["binding"]))
+            first, last = tags.get(key, (row["first"], row["last"]))
+            tags[key] = (min(first, row["first"]), max(last, row["last"]))
+        if row["app"] is not None:
+            app_ids[row["app"]] = max(app_ids.get(row["app"], -1), int(row["last"]))
+    try:
+        checkpointed = (
+            spark.read.parquet(log + "/*.checkpoint*.parquet")
+            .where(F.col("txn").isNotNull())
+            .select(
+                F.col("txn.appId").alias("app"),
+                F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.checkpoint", 1).cast("bigint").alias("v"),
+            )
+            .groupBy("app")
+            .agg(F.max("v").alias("v"))
+            .collect()
+        )
+    except Exception:  # noqa: BLE001 - no checkpoint yet (a glob matching nothing is an error)
+        checkpointed = []
+    for row in checkpointed:
+        # Only the checkpoint's version is known: the commit was at or before it.
+        app_ids.setdefault(row["app"], int(row["v"]))
+    return TableWriters(tags=tags, app_ids=app_ids)
