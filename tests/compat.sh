@@ -5,7 +5,7 @@
 #   COMPAT_PYSPARK=4.2.0 COMPAT_DELTA=4.4.0 bash tests/compat.sh   # any other pair the same way
 #
 # The venv gets the core wheel's dependencies, the Connect client's, and the pair; the jar comes
-# from materializer/spark.py's table for the installed pyspark (fetched once into the Ivy cache).
+# from materializer/spark/packages.py's table for the installed pyspark (fetched once into the Ivy cache).
 # It runs the core scenarios on a local session and on a Spark Connect server started from that
 # pyspark's own jars: the pipeline, the txn version against Delta's skipping, one kill mid-MERGE.
 set -euo pipefail

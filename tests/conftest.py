@@ -42,7 +42,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 # broker sets the same itself (tests/kafka_broker.py). The tests' JVMs live seconds to minutes on
 # tiny data: C1 alone compiles what they run sooner and at a fraction of C2's CPU, which two cores
 # shared with Spark's own threads feel; the serial collector spares the parallel one's threads on
-# small heaps. Users' JVMs keep the JDK's defaults (materializer/spark.py sets none of these). A
+# small heaps. Users' JVMs keep the JDK's defaults (materializer.spark sets none of these). A
 # developer's own SPARK_SUBMIT_OPTS wins; MATERIALIZER_TEST_JVM_OPTIONS="" turns them off (to compare).
 # Not the shared in-process session's JVM: it lives the whole run (an hour for the full run) and
 # runs the heaviest jobs, where C1-only code made the full run 80 min instead of 48 (the model's

@@ -23,7 +23,8 @@ from tests.helpers import binding, write_config, write_jsonl
 REPO = Path(__file__).resolve().parent.parent
 CLI = REPO / "cli"
 CLI_MODULES = sorted(p.stem for p in CLI.glob("*.py") if p.stem not in ("__init__", "__main__"))
-CORE_FILES = sorted([*REPO.glob("materializer/*.py"), *REPO.glob("materializer/sources/*.py"), *REPO.glob("materializer/storage/*.py")])
+# Every file of the core, its packages' included (spark/, delta/, merge/ …): all but the tools.
+CORE_FILES = sorted(p for p in REPO.glob("materializer/**/*.py") if p.relative_to(REPO).parts[1] != "tools")
 
 
 def imported_modules(path: Path, package: str) -> set[str]:

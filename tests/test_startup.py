@@ -215,10 +215,10 @@ def test_a_jvm_that_exits_while_starting_is_quoted_not_a_traceback(tmp_path: Pat
 
 
 def test_the_jvm_relay_drops_only_its_known_notices(capfd: pytest.CaptureFixture[str]) -> None:
-    from materializer import spark as spark_module
+    from materializer.spark import jvm
 
     read_end, write_end = os.pipe()
-    relay = spark_module._Relay(read_end, verbose=False)
+    relay = jvm._Relay(read_end, verbose=False)
     os.write(write_end, b"WARNING: Using incubator modules: jdk.incubator.vector\nSLF4J: Defaulting to no-operation\n")
     os.write(write_end, b"Exception in thread main: a real error\n")
     relay.release()  # the JVM has started: what it held back is let through, filtered

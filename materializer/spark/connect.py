@@ -1,0 +1,92 @@
+"""Spark Connect sessions, and the apply's session of its own beside a classic or a Connect one."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSession":
+    """A Spark Connect session to ``url`` (``sc://host:port``); the server brings Delta.
+
+    Only SQL settings can be given to a Connect session (the server's own settings are fixed
+    when it starts), so ``conf`` keys other than ``spark.sql.*`` / ``spark.databricks.*`` are
+    refused rather than silently ignored.
+    """
+    from materializer.errors import ConfigError
+
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError as exc:
+        raise ConfigError(
+            f"--remote {url}: the Spark Connect client is not installed ({exc}); "
+            "install it with `pip install 'delta-materializer[connect]'`"
+        ) from None
+    fixed = sorted(k for k in (conf or {}) if not k.startswith(("spark.sql.", "spark.databricks.")))
+    if fixed:
+        raise ConfigError(
+            f"spark.conf {fixed} cannot be set from a Spark Connect client: set them where the "
+            f"server at {url} is started"
+        )
+    # As pyspark's own builder does for a remote session: from now on this process is in Connect
+    # mode, so ``functions.col`` & co. build Connect columns (classic ones need a local JVM).
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = ConnectSession.builder.remote(url).getOrCreate()
+    _close_at_exit(session)
+    for key, value in (conf or {}).items():
+        session.conf.set(key, value)
+    return session
+
+
+def _close_at_exit(session: "SparkSession") -> "SparkSession":
+    """Release a Connect session (and close its gRPC channel) when the process exits normally.
+
+    Left to ``SparkSession.__del__`` during interpreter shutdown, closing the channel can wait
+    forever in gRPC (measured: ``materializer run --remote`` finished its work, then never exited).
+    """
+    import atexit
+
+    def close() -> None:
+        try:
+            session.stop()
+        except Exception:  # noqa: BLE001 - a clone lacks some of stop()'s attributes: close it directly
+            try:
+                session.client.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+
+    atexit.register(close)
+    return session
+
+
+def is_connect(spark: "SparkSession") -> bool:
+    """Is ``spark`` a Spark Connect session (Databricks serverless / standard access mode)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def isolated_session(spark: "SparkSession") -> "SparkSession":
+    """A session sharing ``spark``'s cluster but not its SQL settings, for the session-wide txn confs.
+
+    Classic: ``newSession()`` (same SparkContext, its own SQL conf). Spark Connect has no
+    ``newSession`` (it raises ``JVM_ATTRIBUTE_NOT_SUPPORTED``): ``cloneSession()`` (pyspark 4.1+)
+    makes a server-side copy over the same connection and credentials. Where neither exists
+    (pyspark 4.0's Connect client) the session is shared; that is still safe for our own work,
+    because nothing else we run commits to Delta while the txn confs are set (prestaging writes
+    plain Parquet, loads only read), but another program's Delta writes in that same session
+    would carry our txn id: give the job a session of its own there.
+    """
+    if not is_connect(spark):
+        return spark.newSession()
+    clone = getattr(spark, "cloneSession", None)
+    if clone is not None:
+        try:
+            # The server creates a session at its first request, and cannot clone one it has not
+            # seen (SESSION_NOT_FOUND): make sure it has.
+            spark.conf.get("spark.sql.session.timeZone")
+            return _close_at_exit(clone())
+        except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
+            pass
+    return spark

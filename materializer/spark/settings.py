@@ -1,0 +1,64 @@
+"""The Spark settings every session we build carries (``BASE_CONF``), and s3a's from the AWS environment."""
+
+from __future__ import annotations
+
+import os
+
+
+# Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
+# documents bring; the txn confs are set per apply by the driver, never here.
+BASE_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.schema.autoMerge.enabled": "true",
+    "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+    # Delta's defaults (50 snapshot partitions) suit clusters; small local tables pay per task.
+    "spark.databricks.delta.snapshotPartitions": str(max(2, os.cpu_count() or 2)),
+
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # An epoch's bindings run side by side (transaction.parallel_bindings), each apply session in a
+    # pool of its own (``spark.scheduler.pool``, a session conf Spark hands to the jobs of each SQL
+    # execution): FAIR shares the cores between the pools instead of first come, first served.
+    "spark.scheduler.mode": "FAIR",
+}
+
+
+# s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session
+# token if there is one), then the SDK v2 default chain (AWS_PROFILE and ~/.aws files, web identity,
+# container and instance roles). hadoop-aws 3.4+ is built on the AWS SDK v2, so the v1 class names
+# (com.amazonaws.auth.*) of older guides are only remapped aliases; these are the v2/s3a names.
+S3A_CREDENTIALS_PROVIDERS = (
+    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+)
+
+
+def s3a_conf(environ: "dict[str, str] | None" = None) -> dict[str, str]:
+    """s3a settings that follow the standard AWS environment, as boto3 does."""
+    env = os.environ if environ is None else environ
+    conf = {
+        "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.s3a.aws.credentials.provider": ",".join(S3A_CREDENTIALS_PROVIDERS),
+    }
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        # Also as plain s3a keys: the executors of a cluster do not inherit the driver's
+        # environment, but they do get the job's Hadoop configuration.
+        conf["spark.hadoop.fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
+        conf["spark.hadoop.fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            conf["spark.hadoop.fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https")).lower()
+        # With a custom endpoint the SDK cannot infer the region and s3a would probe for it.
+        region = region or "us-east-1"
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return conf
