@@ -148,8 +148,8 @@ def test_a_session_default_txn_retention_is_refused(spark: Any, tmp_path: Path) 
 @pytest.mark.spark
 def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appended_to(spark: Any, tmp_path: Path) -> None:
     """The apply looked (no table), then someone created it: the CREATE fails, nothing is appended."""
-    from materializer import merge as driver_module
     from materializer.delta import TableState
+    from materializer.merge import writer as driver_module  # where the apply looks table_state up
 
     table = tmp_path / "tables" / "log"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
@@ -179,8 +179,8 @@ def test_a_table_created_by_another_writer_during_the_first_apply_is_not_appende
 @pytest.mark.spark
 def test_a_first_epoch_created_by_a_racing_run_of_the_same_pipeline_is_found_applied(spark: Any, tmp_path: Path) -> None:
     """Two runs of one first epoch (a zombie and its successor): the second CREATE loses and skips."""
-    from materializer import merge as driver_module
     from materializer.delta import TableState
+    from materializer.merge import writer as driver_module  # where the apply looks table_state up
 
     table = tmp_path / "tables" / "orders"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}, {"id": 2, "v": 2}])
@@ -221,7 +221,7 @@ def test_a_create_killed_before_its_commit_does_not_block_the_first_epoch(
     """What a SIGKILL inside the first epoch's CREATE leaves (a data file, an empty _delta_log):
     Spark calls the table existing, so every later CREATE failed and the run waited for a commit
     that never came. After the creation wait the location is created over, in the tagged commit."""
-    import materializer.merge as driver
+    import materializer.merge.writer as driver  # where creation_wait_seconds looks it up
 
     monkeypatch.setattr(driver, "CREATION_WAIT_SECONDS", 1)
     table = tmp_path / "tables" / "t"

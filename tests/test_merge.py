@@ -1,4 +1,4 @@
-"""materializer/merge.py without a JVM: one CommitProperties per commit, and the apply's conflict path.
+"""materializer.merge without a JVM: one CommitProperties per commit, and the apply's conflict path.
 
 The apply reads the table's state, writes in one tagged commit, and on a commit conflict (Delta's
 ``delta.exceptions`` types, on the classic client and Spark Connect alike, or Delta's error class)
@@ -18,6 +18,7 @@ import pytest
 from delta.exceptions.base import ConcurrentAppendException, ConcurrentTransactionException, MetadataChangedException
 
 from materializer import merge
+from materializer.merge import writer as apply_loop
 from materializer.config import load_config
 from materializer.delta import TXN_APP_ID, TXN_VERSION, USER_METADATA, TableState, parse_user_metadata
 from materializer.errors import ApplyError, StagingError
@@ -75,8 +76,9 @@ def _writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[Base
     session = _Session()
     writer = DeltaWriter(session, config, StagingArea(open_store(str(tmp_path / "staging"))), Collector())  # type: ignore[arg-type]
     looks: list[int] = []
-    monkeypatch.setattr(merge, "table_state", lambda _s, _t, _app, **_k: looks.append(1) or TableState(True, 1, 1))
-    monkeypatch.setattr(merge, "latest_version", lambda _s, _t: 2)
+    # Patched where the apply loop looks them up (materializer/merge/writer.py).
+    monkeypatch.setattr(apply_loop, "table_state", lambda _s, _t, _app, **_k: looks.append(1) or TableState(True, 1, 1))
+    monkeypatch.setattr(apply_loop, "latest_version", lambda _s, _t: 2)
     calls: list[dict[str, Any]] = []
     pending = list(failures)
 
@@ -149,7 +151,7 @@ def test_on_spark_connect_delta_conflicts_arrive_as_the_same_types() -> None:
     import pyspark.errors.exceptions.connect as connect_errors
 
     connect_session: Callable[[], Any] = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
-    merge._register_conflict_types(connect_session())
+    merge.register_conflict_types(connect_session())
     mapped = connect_errors.EXCEPTION_CLASS_MAPPING["io.delta.exceptions.ConcurrentAppendException"]
     assert issubclass(mapped, ConcurrentAppendException)
     from materializer.delta import is_commit_conflict
