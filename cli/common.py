@@ -69,8 +69,8 @@ def session(config: Any, master: str | None, remote: str | None = None):  # type
 
 def stop(spark: Any) -> None:
     """Stop the session we started before exiting: its JVM no longer shares our stderr (see
-    spark.py), so without this the command could end while the JVM is still shutting down (a
-    cluster would list the application as running for a while)."""
+    materializer.spark.jvm), so without this the command could end while the JVM is still
+    shutting down (a cluster would list the application as running for a while)."""
     from materializer.spark import stop_session
 
     stop_session(spark)
