@@ -27,7 +27,7 @@ def prepare(documents: "DataFrame", binding: BindingConfig) -> "DataFrame":
 
 
 _MISSING_TRIES = 16
-"""How many absent fields :func:`delete_condition` fills in before it gives up."""
+"""How many absent fields :func:`with_deletes` fills in before it gives up."""
 
 
 def with_deletes(docs: "DataFrame", binding: BindingConfig) -> "DataFrame":
