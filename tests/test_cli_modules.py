@@ -151,7 +151,7 @@ def cli_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     what the command does with the summary, not the run itself (the subprocess tier runs that)."""
     from typer.testing import CliRunner
 
-    import materializer.runtime
+    import materializer.runtime.templated
     from materializer_cli import run as run_module
     from materializer_cli.main import app
 
@@ -162,7 +162,7 @@ def cli_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
         def run(self, **_kwargs: Any) -> Any:
             return a_summary()
 
-    monkeypatch.setattr(materializer.runtime, "Runtime", FakeRuntime)
+    monkeypatch.setattr(materializer.runtime.templated, "Runtime", FakeRuntime)  # where open_runtime looks it up
     monkeypatch.setattr(run_module, "_session", lambda *_args: object())
     monkeypatch.setattr(run_module, "_stop", lambda _spark: None)
     monkeypatch.setattr(signal, "signal", lambda *_args: None)  # the test process keeps its own SIGTERM

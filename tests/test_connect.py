@@ -310,14 +310,13 @@ def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(tmp_path
 
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from materializer import runtime
-    from materializer.runtime import Runtime
+    from materializer.runtime import Runtime, loop
     from tests.connect_server import SESSION_TIMEOUT, start, stop
     from tests.helpers import binding, table_rows, write_jsonl
     from tests.test_holes import config_with
 
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-    monkeypatch.setattr(runtime, "KEEP_ALIVE_SECONDS", 3.0)
+    monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 3.0)  # where Runtime.run looks it up
     (tmp_path / "server").mkdir()
     process, server = start(tmp_path / "server", conf={SESSION_TIMEOUT: "15s", "spark.connect.session.manager.maintenanceInterval": "1s"})
     shared = ConnectSession._get_default_session()

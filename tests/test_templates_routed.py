@@ -62,14 +62,14 @@ class Topic:
         self.broker.produce(TOPIC, messages)
 
 
-def _config(tmp_path: Path, broker: Broker, topic: str = TOPIC, name: str = "{schema}_{table}") -> Any:
+def _config(tmp_path: Path, broker: Broker, topic: str = TOPIC, name: str = "{schema}_{table}", **source: Any) -> Any:
     return load_config(write_config(
         tmp_path, [], pipeline_id=PIPELINE,
         templates=[{
             "name": name,
             "source": {
                 "format": "kafka", "bootstrap_servers": broker.bootstrap, "topic": topic, "payload": "debezium",
-                "route_by": {"schema": "source.schema", "table": "source.table"},
+                "route_by": {"schema": "source.schema", "table": "source.table"}, **source,
             },
             "table": str(tmp_path / "tables" / "{schema}" / "{table}"),
             "key": ["id"],
@@ -196,6 +196,42 @@ def test_a_record_that_names_no_table_or_an_unmakeable_one_stops_the_run(spark: 
     assert "record shop.badname/0 offset 0 is the first of the epoch to name this table" in str(caught.value)
     assert "'public_order-lines'" in str(caught.value)
     assert not (tmp_path / "b" / "tables").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_ranges_of_tombstones_only_are_passed_over_before_and_after_the_first_table(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    """A range whose records name no table (tombstones only, ``max_records`` of them or more) is
+    read by no binding: without passing it over, no checkpoint would ever pass it, and the topic
+    would stall there, before the first table as after it."""
+    topic_name = "shop.tombstones"
+    broker.create_topic(topic_name, 1)
+    tombstones = [(json.dumps({"id": i}).encode(), None, 0) for i in range(5)]
+    broker.produce(topic_name, [*tombstones, (b"1", _event("customers", "c", {"id": 1, "name": "ann"}), 0)])
+    config = _config(tmp_path, broker, topic_name, max_records=2)
+    tables = tmp_path / "tables" / "public"
+    log = RecoveryLog(open_store(config.recovery_log), PIPELINE)
+
+    summary = TemplatedRuntime(config, spark).run()
+    assert [e.epoch for e in summary.epochs] == [1], "the tombstones before the first table stalled the topic"
+    assert delta_rs_rows(tables / "customers", ["id"]) == {(1,): {"id": 1, "name": "ann"}}
+    assert log.read().last_commit.runtime_checkpoint["public_customers"]["offsets"] == {topic_name: {"0": 6}}
+
+    # After the first table: five more tombstones, then a change of a second table.
+    broker.produce(topic_name, [*tombstones, (b"2", _event("orders", "c", {"id": 2, "amount": 20}), 0)])
+    summary = TemplatedRuntime(config, spark).run()
+    assert [e.epoch for e in summary.epochs] == [2], "the tombstones after the first table stalled the topic"
+    assert delta_rs_rows(tables / "orders", ["id"]) == {(2,): {"id": 2, "amount": 20}}
+    assert table_rows(spark, tables / "orders", ["id"]) == {(2,): {"id": 2, "amount": 20}}
+    assert delta_rs_rows(tables / "customers", ["id"]) == {(1,): {"id": 1, "name": "ann"}}
+    assert log.read().last_commit.runtime_checkpoint["public_orders"]["offsets"] == {topic_name: {"0": 12}}
+    # Nothing left but tombstones: a run reads nothing and commits nothing.
+    broker.produce(topic_name, tombstones)
+    assert TemplatedRuntime(config, spark).run().epochs == []
+    assert log.read().last_epoch == 2
 
 
 def test_route_by_makes_a_binding_per_value_and_keeps_every_recorded_one() -> None:

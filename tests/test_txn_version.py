@@ -16,8 +16,11 @@ from typing import Any
 
 import pytest
 
-from materializer.delta import TableRef, read_txn_without_spark, table_state, table_version, txn_version
+from materializer.delta import (
+    TableRef, read_txn_without_spark, table_state, table_version, txn_version, user_metadata, writers_without_spark,
+)
 from materializer.delta.txn_log import _complete_checkpoint
+from materializer.delta.writers import _writers_from_log
 from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
@@ -35,6 +38,7 @@ def _write(spark: Any, table: Path, app: str, version: int) -> None:
         .mode("append")
         .option("txnAppId", app)
         .option("txnVersion", str(version))
+        .option("userMetadata", user_metadata(app, f"binding-{version % 2}", version))  # the tags Open reads
         .save(str(table))
     )
 
@@ -44,6 +48,11 @@ def _check(spark: Any, table: Path, model: dict[str, int]) -> None:
     for app in list(model) + ["never-wrote"]:
         assert txn_version(spark, ref, app) == model.get(app), app
         _agree(spark, ref, app)
+    # Open's writers check reads the log's tags and txn ids in Python where it can: the same as Spark's reader.
+    log = str(table / "_delta_log")
+    spark_read, python_read = _writers_from_log(spark, log), writers_without_spark(log)
+    assert python_read == spark_read
+    assert set(python_read.app_ids) == set(model), python_read
     # Delta's own answer: a write at the recorded version is skipped (no new table version).
     for app, recorded in model.items():
         before = table_version(spark, ref)

@@ -8,7 +8,8 @@ The package, one job a module (each imports only those listed after it):
 * :mod:`~materializer.delta.state`: :class:`TableState`, :func:`table_state` (delta-rs first where
   its answer is trusted, else Spark), the latest version and the metadata fingerprint by delta-rs;
 * :mod:`~materializer.delta.txn_log`: :func:`txn_version`, read by Spark from the Delta log;
-* :mod:`~materializer.delta.writers`: :func:`table_writers`, who has committed to a table;
+* :mod:`~materializer.delta.writers`: :func:`table_writers`, who has committed to a table (in Python
+  where :mod:`~materializer.delta.trust` says this process sees the files as Spark does, else Spark);
 * :mod:`~materializer.delta.reads`: DESCRIBE DETAIL and HISTORY, schema and properties, rows, identity;
 * :mod:`~materializer.delta.names`, :mod:`~materializer.delta.conflicts`: the txn confs, the commit
   tag and SQL names; a lost commit race told by type or error class.
@@ -45,7 +46,7 @@ from materializer.delta.state import (
     table_state,
 )
 from materializer.delta.txn_log import txn_version
-from materializer.delta.writers import TableWriters, table_writers
+from materializer.delta.writers import TableWriters, table_writers, writers_without_spark
 from materializer.tables import TableRef
 
 __all__ = [
@@ -53,5 +54,5 @@ __all__ = [
     "delta_rs_storage_options", "detail", "error_condition", "exists", "history", "is_commit_conflict",
     "latest_version", "metadata_fingerprint", "parse_user_metadata", "quote", "read_table",
     "read_txn_without_spark", "schema_and_properties", "sql_name", "table_identity", "table_location",
-    "table_state", "table_version", "table_writers", "txn_version", "user_metadata",
+    "table_state", "table_version", "table_writers", "txn_version", "user_metadata", "writers_without_spark",
 ]

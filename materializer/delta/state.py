@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from materializer.delta.reads import detail, table_version
+from materializer.delta.trust import DELTA_RS_CANNOT, delta_rs_sees
 from materializer.delta.txn_log import txn_version
 from materializer.tables import TableRef
 
@@ -34,12 +35,12 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_on
     reads the log with DataFrame and SQL calls (Spark Connect clean, 0.6-1.3 s). Both read the same
     SetTransaction actions; ``spark_only`` skips delta-rs (tests compare the two).
     """
-    if table.is_path and not spark_only and table.location not in _DELTA_RS_CANNOT and _delta_rs_sees(spark, table):
+    if table.is_path and not spark_only and table.location not in DELTA_RS_CANNOT and delta_rs_sees(spark, table):
         fast = read_txn_without_spark(table, app_id)
         if fast is None:
             # Not again for this table in this process (a store or feature delta-rs cannot read
             # may cost a timeout each time): Spark answers from now on.
-            _DELTA_RS_CANNOT.add(table.location)
+            DELTA_RS_CANNOT.add(table.location)
         # "No table" is not taken from delta-rs: the first epochs of a new table are few, and
         # Spark is the one that creates it (its answer is the one that matters there).
         if fast is not None and fast.exists:
@@ -56,22 +57,6 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_on
     if version is None:
         return TableState(False, None, None)
     return TableState(True, version, txn_version(spark, table, app_id, version=version, location=location))
-
-
-_DELTA_RS_CANNOT: set[str] = set()
-"""Path tables delta-rs could not read in this process (see :func:`table_state`)."""
-
-
-def _delta_rs_sees(spark: "SparkSession", table: TableRef) -> bool:
-    """Does this process see the table's files as the session's Spark does?
-
-    S3: one store for both. A local path: only when the JVM runs here (classic); a Spark Connect
-    server may be another machine, whose disk this process does not see.
-    """
-    from materializer.spark import is_connect
-    from materializer.storage import is_s3
-
-    return is_s3(table.location) or not is_connect(spark)
 
 
 def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str] | None" = None) -> TableState | None:
@@ -148,8 +133,8 @@ def metadata_fingerprint(spark: "SparkSession", table: TableRef) -> str | None:
 
 def _open_with_delta_rs(spark: "SparkSession", table: TableRef) -> Any:
     """The table's latest snapshot in delta-rs (a ``deltalake.DeltaTable``), where its answer is
-    trusted (see :func:`_delta_rs_sees`); None where it cannot say and Spark must."""
-    if not table.is_path or table.location in _DELTA_RS_CANNOT or not _delta_rs_sees(spark, table):
+    trusted (see :func:`delta_rs_sees`); None where it cannot say and Spark must."""
+    if not table.is_path or table.location in DELTA_RS_CANNOT or not delta_rs_sees(spark, table):
         return None
     try:
         from deltalake import DeltaTable as RustDeltaTable
@@ -162,7 +147,7 @@ def _open_with_delta_rs(spark: "SparkSession", table: TableRef) -> Any:
     except TableNotFoundError:
         return None  # not yet: Spark, which creates it, says so
     except Exception:  # noqa: BLE001 - a store or feature delta-rs cannot read: Spark answers, from now on
-        _DELTA_RS_CANNOT.add(table.location)
+        DELTA_RS_CANNOT.add(table.location)
         return None
 
 

@@ -30,6 +30,7 @@ with records gives at least one table a batch); the others' are older or equal, 
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from materializer import templates
@@ -42,6 +43,8 @@ from materializer.storage import Store
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 class KafkaRouter:
@@ -59,8 +62,11 @@ class KafkaRouter:
         self.source = KafkaSource(base, spool)
         self.where = f"templates[{index}] (topic {self.template.source.topic!r})"
         self._key: str | None = None
+        self._passed: tuple[str, dict[str, Any]] | None = None
+        """After which committed position (a key of :meth:`fix`) where the records that name no table end."""
         self.position: dict[str, Any] | None = None
-        """The shared position the fixed plan starts from (a kafka runtime checkpoint; None: ``starting``)."""
+        """Where the fixed plan starts (a kafka runtime checkpoint; None: ``starting``): the shared
+        position, or past it the records that name no table."""
         self.plan: Plan | None = None
         """The next epoch's offsets, fixed until it is committed (None or empty: nothing to read)."""
         self.found: dict[str, tuple[str, int, int]] = {}
@@ -93,10 +99,22 @@ class KafkaRouter:
         if key == self._key and self.found:
             return sorted(self.found)
         source = self.template.source
-        plan = self.source.plan(position, source.max_records or self.config.transaction.max_documents)
-        if not plan.empty and source.kafka_max_bytes is not None:
-            plan = self.source.bounded(spark, plan, source.kafka_max_bytes)
-        found = {} if plan.empty else self._scan(spark, plan)
+        start = self._passed[1] if self._passed is not None and self._passed[0] == key else position
+        while True:
+            plan = self.source.plan(start, source.max_records or self.config.transaction.max_documents)
+            if not plan.empty and source.kafka_max_bytes is not None:
+                plan = self.source.bounded(spark, plan, source.kafka_max_bytes)
+            found = {} if plan.empty else self._scan(spark, plan)
+            if found or plan.empty:
+                break
+            # Records that name no table (Debezium's tombstones after deletes: no change of any
+            # table) fill the range: no binding would read it, so no checkpoint would pass it and
+            # every epoch would plan it again. Passed over here, in memory; the first range that
+            # names a table starts after it (its checkpoint records that range), and a restart
+            # before that commit passes over the same records again.
+            log.info("%s: %s name no table (tombstones): passed over", self.where, plan.description())
+            start = plan.checkpoint()
+            self._passed = (key, start)
         for text, first in sorted(found.items()):
             try:
                 templates.make(self.config, self.index, text)
@@ -105,7 +123,7 @@ class KafkaRouter:
                     f"{_record(first)} is the first of the epoch to name this table: {exc}. Nothing of the epoch was "
                     "committed; change the template's name or table so every value makes one, then run again"
                 ) from None
-        self._key, self.position, self.plan, self.found = key, position, plan, found
+        self._key, self.position, self.plan, self.found = key, start, plan, found
         return sorted(found)
 
     def _scan(self, spark: "SparkSession", plan: Plan) -> dict[str, tuple[str, int, int]]:
