@@ -34,7 +34,8 @@ from materializer.columns import SEQ
 from materializer.sources import SourceBatch
 from materializer.sources.cdcv2 import START, CdcV2Source, Origin, _Scan
 from materializer.sources.json_text import parse_one
-from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, null_envelope, positions_of
+from materializer.sources.kafka_plan import Partition, Plan, nested, positions_of
+from materializer.sources.kafka_transport import KafkaTransport, null_envelope
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class KafkaCdcV2Source(CdcV2Source):
 
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         super().__init__(binding, spool)
-        self.kafka = KafkaSource(binding, spool)
+        self.kafka = KafkaTransport(binding)
         self._plan: Plan | None = None
         """The reading the current epoch is planned on (set by next_batch before the scan)."""
         self._records: "DataFrame | None" = None
@@ -159,7 +160,7 @@ class KafkaCdcV2Source(CdcV2Source):
             # recover: exactly the reading the committed epoch made, [offsets, read), whatever
             # arrived since, so the same records give the same frontier and the same offsets.
             watermarks = self.kafka.offsets().watermarks(self.kafka.topics)
-            start = positions_of(checkpoint) if checkpoint is not None else self.kafka._starting(watermarks)
+            start = positions_of(checkpoint) if checkpoint is not None else self.kafka.start_positions(watermarks)
             read = positions_of({"offsets": until.get("read") or {}})
             for partition, end in sorted(read.items()):
                 low, high = watermarks.get(partition, (None, None))
@@ -184,8 +185,8 @@ class KafkaCdcV2Source(CdcV2Source):
         frontier = batch.checkpoint["frontier"]
         batch.checkpoint = {
             "frontier": frontier,
-            "offsets": _nested(self._needed_from(frontier)),
-            "read": _nested(self._plan.positions),
+            "offsets": nested(self._needed_from(frontier)),
+            "read": nested(self._plan.positions),
         }
         if until is not None and batch.checkpoint != until:
             raise SourceError(
