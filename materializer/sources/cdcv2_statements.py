@@ -24,7 +24,7 @@ def update_problem(u: "Column", keys: list[str]) -> "Column":
     data_map = F.try_variant_get(data, "$", "map<string,variant>")
     time = F.try_variant_get(time_v, "$", "bigint")
     diff = F.try_variant_get(diff_v, "$", "bigint")
-    keys = [F.try_element_at(data_map, F.lit(k)) for k in keys]
+    values = [F.try_element_at(data_map, F.lit(k)) for k in keys]
     problem = F.when(
         arr.isNull() | (F.array_size(arr) != 3), F.lit("is not a [data, time, diff] triple")
     ).when(data_map.isNull(), F.lit("has data that is not a JSON object"))
@@ -34,7 +34,7 @@ def update_problem(u: "Column", keys: list[str]) -> "Column":
     problem = problem.when(
         (F.schema_of_variant(diff_v) != "BIGINT") | (diff == 0), F.lit("has a diff that is not a non-zero integer")
     )
-    for name, value in zip(keys, keys):
+    for name, value in zip(keys, values):
         problem = problem.when(
             value.isNull() | F.is_variant_null(value), F.lit(f"has data without the key field {name!r}")
         ).when(
