@@ -1,9 +1,9 @@
-"""CDC v2 progress bookkeeping in plain Python (no Spark, unit-tested without a JVM): progress statements, complete times, the epoch's times.
+"""CDC v2 progress bookkeeping in plain Python: progress statements, complete times, an epoch's times.
 
-The seed's iterator (seed 002): a progress statement is applied once its lower bound is covered, and
-a time is complete when progress covers it and the distinct updates received match its count; an
-epoch takes complete times in order, whole. Python holds only this: the progress statements
-(few), one count per time, and the frontier; the updates stay in Spark
+No Spark: unit-tested without a JVM. The seed's iterator (seed 002): a progress statement is applied
+once its lower bound is covered, and a time is complete when progress covers it and the distinct
+updates received match its count; an epoch takes complete times in order, whole. Python holds only
+this: the progress statements (few), one count per time, and the frontier; the updates stay in Spark
 (:mod:`~materializer.sources.cdcv2_reader`).
 """
 

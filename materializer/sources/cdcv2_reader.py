@@ -1,4 +1,4 @@
-"""CDC v2 statements read by Spark, from files or records alike: the scan, complete times in order, an epoch's rows consolidated per key.
+"""CDC v2 statements read by Spark, from files or records alike: scanned, taken in complete times, consolidated per key.
 
 Where the work happens (DESIGN.md invariant 8): every update lives in Spark DataFrames (parsed as
 VARIANT, deduplicated, counted per time, consolidated per key). Python holds only the progress

@@ -1,7 +1,8 @@
-"""The brokers' offsets: partition lists, watermarks, offsets by time and topic configs, from an admin client (metadata only, no records).
+"""The brokers' offsets, from an admin client: metadata only, never records.
 
-Read committed (Spark's ``kafka.isolation.level``, the default), a range ends at the last stable
-offset, not the high watermark: records past it are not readable yet.
+Partition lists, watermarks, offsets by time, the topics' compaction settings. Read committed
+(Spark's ``kafka.isolation.level``, the default), a range ends at the last stable offset, not the
+high watermark: records past it are not readable yet.
 """
 
 from __future__ import annotations

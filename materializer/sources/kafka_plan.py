@@ -1,7 +1,8 @@
-"""A Kafka epoch's offsets in plain Python (no broker, no Spark): each partition's range, data loss, compaction, byte cuts.
+"""A Kafka epoch's offsets in plain Python: each partition's range, lost records, compaction, byte cuts.
 
-Shared by the kafka source, its route_by router and the kafka cdcv2 payload; unit-tested without a
-broker. The checkpoint a kafka binding commits is :meth:`Plan.checkpoint`.
+No broker, no Spark: unit-tested without either. Shared by the kafka source, its ``route_by``
+router and the kafka ``cdcv2`` payload. The checkpoint a kafka binding commits is
+:meth:`Plan.checkpoint`.
 """
 
 from __future__ import annotations

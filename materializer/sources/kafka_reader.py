@@ -1,4 +1,6 @@
-"""A kafka binding's records read and checked as documents: the documents source's reader over records, for the ``documents`` and ``debezium`` payloads.
+"""A kafka binding's records read and checked as documents (the ``documents`` and ``debezium`` payloads).
+
+The documents source's reader, over records.
 
 Payloads (``source.payload``):
 

@@ -1,4 +1,4 @@
-"""A binding's Kafka topics: where they stand on the brokers, the next epoch's offsets, and Spark reading exactly those records.
+"""A binding's Kafka topics: the next epoch's offsets planned, and Spark reading exactly those records.
 
 Shared by the kafka source, its ``route_by`` router and the kafka ``cdcv2`` payload
 (:class:`KafkaTransport`), with the helpers both payload readers use on records' values.
