@@ -21,13 +21,13 @@ from materializer.dead_letters import split
 from materializer.errors import SourceError
 from materializer.sources import Source, SourceBatch
 from materializer.sources.json_documents import change_controlled, parse_schema
-from materializer.sources.kafka_offsets import ISOLATION, Offsets, isolation_level
+from materializer.sources.kafka_offsets import Offsets, isolation_level
 from materializer.sources.kafka_plan import (
-    CompactionLag, Partition, Plan, byte_budgets, compaction_lags, compaction_risks, cut_by_bytes, offsets_text, plan_epoch,
-    positions_of, share,
+    CompactionLag, Plan, byte_budgets, compaction_lags, compaction_risks, cut_by_bytes, offsets_text, plan_epoch, positions_of,
+    share,
 )
 from materializer.sources.kafka_reader import KafkaReader
-from materializer.sources.kafka_transport import KafkaTransport, null_envelope, route_field
+from materializer.sources.kafka_transport import KafkaTransport
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ class KafkaSource(KafkaTransport, Source):
         )
 
 
-__all__ = [  # what other modules, tools and tests import from here
-    "CompactionLag", "ISOLATION", "KafkaReader", "KafkaSource", "KafkaTransport", "Offsets", "Partition", "Plan",
-    "byte_budgets", "compaction_lags", "compaction_risks", "cut_by_bytes", "isolation_level", "null_envelope",
-    "plan_epoch", "positions_of", "route_field", "share",
+__all__ = [  # besides KafkaSource, what tools and tests import from here (the names live beside it)
+    "CompactionLag", "KafkaReader", "KafkaSource", "Offsets", "Plan", "byte_budgets", "compaction_lags", "compaction_risks",
+    "cut_by_bytes", "isolation_level", "plan_epoch", "positions_of", "share",
 ]
