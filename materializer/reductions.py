@@ -96,12 +96,14 @@ def combine(documents: "DataFrame", binding: BindingConfig) -> "DataFrame":
     from pyspark.sql import functions as F
 
     # One hash aggregate (max_by) instead of a window's sort: 1.4 s against 1.6 s per 1M rows here.
+    # Written as SQL text: one call to the JVM per output column instead of four (the plan is
+    # built every epoch, and those calls were most of the driver's fixed cost per epoch).
     keys = set(binding.key)
-    values = [c for c in documents.columns if c not in keys and c != SEQ]
-    latest = documents.groupBy(*[F.col(quote(k)) for k in binding.key]).agg(
-        F.max_by(F.struct(*[F.col(quote(c)) for c in values]), F.col(SEQ)).alias("__last")
-    )
-    return latest.select(*[F.col(quote(c)) if c in keys else F.col("__last")[c].alias(c) for c in documents.columns if c != SEQ])
+    columns = [c for c in documents.columns if c != SEQ]
+    values = [c for c in columns if c not in keys]
+    last = f"max_by(struct({', '.join(quote(c) for c in values)}), {quote(SEQ)}) AS __last"
+    latest = documents.groupBy(*[F.col(quote(k)) for k in binding.key]).agg(F.expr(last))
+    return latest.selectExpr(*[quote(c) if c in keys else f"__last.{quote(c)} AS {quote(c)}" for c in columns])
 
 
 def reduce(documents: "DataFrame", loaded: "DataFrame | None", binding: BindingConfig) -> "DataFrame":

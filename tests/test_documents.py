@@ -470,7 +470,7 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from materializer.sources.json_documents import _typed
+    from materializer.sources.document_types import typed
 
     generator = random.Random(12)
     decimals = []
@@ -486,7 +486,7 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     assert df.where(F.col("x").isNull()).count() == 0  # every text is one JSON value
     # Row by row: where the VARIANT cast succeeds, the fast typing gives its value, exactly.
     fits = F.col("x").try_cast(dtype)
-    got = df.select("t", fits.alias("want"), _typed(F.col("x"), dtype).alias("got")).where(fits.isNotNull() | F.is_variant_null("x"))
+    got = df.select("t", fits.alias("want"), typed(F.col("x"), dtype).alias("got")).where(fits.isNotNull() | F.is_variant_null("x"))
     compared = got.collect()
     assert len(compared) >= 5
     # repr: -0.0's sign and NaN (from the string "NaN", as the VARIANT cast reads it) compare too.
@@ -496,4 +496,4 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     failing = [r["t"] for r in df.select("t").where(fits.isNull() & ~F.is_variant_null("x")).collect()]
     for text in failing[:3] + failing[-2:]:
         with pytest.raises(Exception, match="INVALID_VARIANT_CAST"):
-            df.where(F.col("t") == text).select(_typed(F.col("x"), dtype).alias("got")).collect()
+            df.where(F.col("t") == text).select(typed(F.col("x"), dtype).alias("got")).collect()

@@ -229,13 +229,14 @@ def _variant_verdicts(spark: Any, tmp_path: Path, ddl: str) -> dict[int, bool]:
     a value inside an array that does not fit); blank lines are left out."""
     from pyspark.sql import functions as F
 
-    from materializer.sources.json_documents import DocumentReader, _cast_type, parse_shape
+    from materializer.sources.document_types import cast_type
+    from materializer.sources.json_documents import DocumentReader, parse_shape
     from materializer.storage import open_store
 
     src = _diff_source(spark, tmp_path, ddl)
     reader = DocumentReader(spark, open_store(str(tmp_path / "src")), ["id"], src.declared_schema(spark), None)
     lines = reader.checked(reader._with_variant(reader.numbered("a.jsonl")))
-    casts = F.col("__v").try_cast(_cast_type(reader.declared)).isNotNull()
+    casts = F.col("__v").try_cast(cast_type(reader.declared)).isNotNull()
     found = lines.select("line", "__problem", F.schema_of_variant("__v").alias("shape"), casts.alias("casts")).collect()
     return {
         r["line"]: r["__problem"] is None and r["casts"] and not reader.single_problems(parse_shape(r["shape"])) for r in found

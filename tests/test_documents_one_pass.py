@@ -109,18 +109,18 @@ def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark:
     records as the connector gives them."""
     from pyspark.sql import functions as F
 
-    from materializer.sources.kafka import _KafkaReader
+    from materializer.sources.kafka import KafkaReader
 
     def records(values: list[str]) -> Any:
         rows = [(v, None, "t", 0, i) for i, v in enumerate(values)]
         df = spark.createDataFrame(rows, "value string, key string, topic string, partition int, offset long")
         return df.select("value", "key", F.struct("topic", "partition", "offset").alias("_seq"))
 
-    reader = _KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
+    reader = KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
     parsed = reader.parsed(records(['{"id": 1, "a": 2}', '{"id": 2}']))
     count, schema = reader.check(parsed)
     assert count == 2 and [f.name for f in schema.fields] == ["a", "id"]
-    reader = _KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
+    reader = KafkaReader(spark, "kafka://b/t", ["id"], None, None, "documents")
     with pytest.raises(SourceError, match="topic t partition 0 offset 1: key field 'id' is missing or null"):
         reader.check(reader.parsed(records(['{"id": 1}', '{"a": 2}'])))
 

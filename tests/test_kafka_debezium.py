@@ -10,7 +10,7 @@ import pytest
 
 from materializer.config import load_config
 from materializer.runtime import Runtime
-from materializer.sources.kafka import KafkaSource, _KafkaReader
+from materializer.sources.kafka import KafkaSource, KafkaReader
 from materializer.storage import open_store
 from tests.helpers import table_rows, write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
@@ -49,7 +49,7 @@ def test_the_source_block_is_under_meta_source_and_the_table_and_its_order_are_u
     # What the documents' checks see: the event's source block under _meta.source.
     source = KafkaSource(binding, open_store(config.staging))
     plan = source.plan(None, 100)
-    reader = _KafkaReader(spark, source.where, binding.key, source.declared_schema(spark), None, "debezium")
+    reader = KafkaReader(spark, source.where, binding.key, source.declared_schema(spark), None, "debezium")
     parsed = reader.parsed(source.records(spark, plan))
     seen = {
         (r["p"], r["o"]): (r["source"], r["op"], r["id"])

@@ -67,7 +67,7 @@ def test_start_commit_reads_the_table_facts_without_a_spark_job_after_a_merge(sp
     first = next_job_id(spark)
     if first is None:
         pytest.skip("no status tracker to count Spark jobs (Spark Connect)")
-    facts = driver._table_facts(config.bindings[0])
+    facts = driver.table_fit.facts(config.bindings[0])
     assert next_job_id(spark) == first, "the table facts ran a Spark job"
     assert facts is not None
     assert facts.schema == spark.read.format("delta").load(str(table)).schema
@@ -89,6 +89,7 @@ def test_the_table_facts_are_kept_while_the_metadata_stands_and_a_constraint_add
     another writer's ALTER included, so a constraint added between two epochs of one running
     driver still refuses the rows that break it before they are committed."""
     from materializer import driver as driver_module
+    from materializer.driver import table_fit  # where the facts are read: the patches reach them there
     from materializer.errors import SourceError
     from materializer.runtime import Runtime
 
@@ -100,29 +101,29 @@ def test_the_table_facts_are_kept_while_the_metadata_stands_and_a_constraint_add
     assert runtime.run().last_epoch == 2  # epoch 2's check read the facts of the table epoch 1 made
 
     reads: list[str] = []  # the facts read for an epoch's check (Open's own checks aside)
-    real = driver_module.schema_and_properties
-    monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: real(s, t))
+    real = table_fit.schema_and_properties
+    monkeypatch.setattr(table_fit, "schema_and_properties", lambda s, t: real(s, t))
     driver = runtime.driver
     assert isinstance(driver, driver_module.DeltaDriver)
     start_commit = driver.start_commit
 
     def counted_start_commit(message: Any) -> Any:
-        monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
+        monkeypatch.setattr(table_fit, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
         try:
             return start_commit(message)
         finally:
-            monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: real(s, t))
+            monkeypatch.setattr(table_fit, "schema_and_properties", lambda s, t: real(s, t))
 
     monkeypatch.setattr(driver, "start_commit", counted_start_commit)
     write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 8, "v": 8}])
     assert runtime.run().last_epoch == 3
     assert reads == []  # epoch 3 after epoch 2's MERGE (rows only): the facts were kept
-    monkeypatch.setattr(driver_module, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
-    kept = driver._table_facts(config.bindings[0])
+    monkeypatch.setattr(table_fit, "schema_and_properties", lambda s, t: reads.append(t.location) or real(s, t))
+    kept = driver.table_fit.facts(config.bindings[0])
     assert kept is not None and kept.constraints == {} and reads == []
 
     spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT small CHECK (v < 1000)")  # another writer's commit
-    after = driver._table_facts(config.bindings[0])
+    after = driver.table_fit.facts(config.bindings[0])
     assert len(reads) == 1 and after is not None and after.constraints == {"small": "v < 1000"}
 
     # The whole path, in the same driver: the next epoch's rows that break it are refused before

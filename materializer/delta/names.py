@@ -1,4 +1,4 @@
-"""What our SQL and our commits call things: a quoted identifier, a table's SQL name, the txn confs, the commit tag."""
+"""What our SQL and commits call things: quoted identifiers, SQL names, the txn confs, the commit tag."""
 
 from __future__ import annotations
 

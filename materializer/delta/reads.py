@@ -1,4 +1,4 @@
-"""A Delta table read through Spark: DESCRIBE DETAIL and HISTORY, its schema and properties, its rows, where it is."""
+"""A Delta table read through Spark: DESCRIBE DETAIL and HISTORY, schema and properties, rows, place."""
 
 from __future__ import annotations
 

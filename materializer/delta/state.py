@@ -1,4 +1,4 @@
-"""A table's version and the txn version it records: by delta-rs in milliseconds where trusted, else by Spark."""
+"""A table's version and txn version: by delta-rs in milliseconds where trusted, else by Spark."""
 
 from __future__ import annotations
 

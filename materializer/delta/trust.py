@@ -1,4 +1,4 @@
-"""Where a read of a table in this process (delta-rs, or the log's files in Python) is trusted to see what Spark sees."""
+"""Where a read in this process (delta-rs, the log in Python) is trusted to see what Spark sees."""
 
 from __future__ import annotations
 

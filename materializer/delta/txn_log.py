@@ -1,4 +1,4 @@
-"""The txnVersion a table records for an app id, read by Spark from its Delta log (checkpoint, then commits)."""
+"""The txnVersion a table records for an app id, read by Spark from its Delta log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One Delta commit of ours: its properties (``CommitProperties``), and Delta's conflicts raised as types on either client."""
+"""One commit of ours: its properties (``CommitProperties``), Delta's conflicts raised as types."""
 
 from __future__ import annotations
 

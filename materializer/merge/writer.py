@@ -1,4 +1,4 @@
-"""The apply of an epoch to its tables (``DeltaWriter``): tagged, retried on conflicts, skipped on replay, proven recorded."""
+"""An epoch applied to its tables (``DeltaWriter``): tagged, retried, skipped on replay, proven recorded."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Kafka's ``cdcv2`` payload: CDC v2 statements (Materialize's protocol) read from a topic.
 
 Each record's value is one statement, exactly a line of the ``cdcv2`` format's files, and the
-existing reader (:class:`~materializer.sources.cdcv2.CdcV2Source`) does everything else: the
+cdcv2 source's reader (:class:`~materializer.sources.cdcv2_reader.CdcV2Reader`) does everything else: the
 statements' checks, duplicates absorbed, the progress bookkeeping, complete times taken in order,
 the frontier as the runtime checkpoint. Only where the statements come from changes (its ``_lines``
 seam): Spark's Kafka connector reads a range of offsets per partition instead of a folder, and a
@@ -32,9 +32,12 @@ from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.columns import SEQ
 from materializer.sources import SourceBatch
-from materializer.sources.cdcv2 import START, CdcV2Source, Origin, _Scan
+from materializer.sources.cdcv2_progress import START, Origin
+from materializer.sources.cdcv2_reader import CdcV2Reader, Scan
+from materializer.sources.cdcv2_statements import statements
 from materializer.sources.json_text import parse_one
-from materializer.sources.kafka import KafkaSource, Partition, Plan, _nested, null_envelope, positions_of
+from materializer.sources.kafka_plan import Partition, Plan, nested, positions_of
+from materializer.sources.kafka_transport import KafkaTransport, null_envelope
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -44,14 +47,14 @@ _FOREVER = sys.maxsize
 """The horizon of a progress statement with an empty upper frontier: needed until the stream ends."""
 
 
-class KafkaCdcV2Source(CdcV2Source):
+class KafkaCdcV2Source(CdcV2Reader):
     """CDC v2 statements from a topic; see the module docstring."""
 
     _per_file = False
 
     def __init__(self, binding: BindingConfig, spool: Store) -> None:
         super().__init__(binding, spool)
-        self.kafka = KafkaSource(binding, spool)
+        self.kafka = KafkaTransport(binding)
         self._plan: Plan | None = None
         """The reading the current epoch is planned on (set by next_batch before the scan)."""
         self._records: "DataFrame | None" = None
@@ -62,7 +65,7 @@ class KafkaCdcV2Source(CdcV2Source):
     def label(self) -> str:
         return self.kafka.where
 
-    # --- the seams of the file reader ---
+    # --- the reader's seams (CdcV2Reader) ---
 
     def _lines(self, spark: "SparkSession", listing: tuple[tuple[str, int], ...]) -> "DataFrame":
         assert self._records is not None
@@ -74,7 +77,7 @@ class KafkaCdcV2Source(CdcV2Source):
     def _locate(self, origin: Origin) -> Origin:
         return origin  # the record's offset is in its name; there is no line to find
 
-    def _scan_for(self, spark: "SparkSession", frontier: int) -> _Scan | None:
+    def _scan_for(self, spark: "SparkSession", frontier: int) -> Scan | None:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -124,7 +127,7 @@ class KafkaCdcV2Source(CdcV2Source):
         self._scan, self._records = None, None
 
     def _dead_letters(
-        self, spark: "SparkSession", scan: _Scan, checkpoint: dict[str, Any] | None, until: dict[str, Any] | None
+        self, spark: "SparkSession", scan: Scan, checkpoint: dict[str, Any] | None, until: dict[str, Any] | None
     ) -> "tuple[DataFrame | None, int, dict[str, Any]]":
         """``on_invalid: dead_letter``: the malformed records this epoch sets aside, as the kafka
         source's dead letters are (``source``, ``topic``, ``partition``, ``offset``, ``timestamp``,
@@ -139,7 +142,7 @@ class KafkaCdcV2Source(CdcV2Source):
         seen = F.lit(False)
         for (topic, partition), end in sorted(positions_of({"offsets": (checkpoint or {}).get("read") or {}}).items()):
             seen = seen | ((F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < end))
-        rejected = self._rejected(self._statements(self._records.where(~seen)), scan).select(
+        rejected = self._rejected(statements(self._records.where(~seen), self.binding.key), scan).select(
             F.lit(self.kafka.where).alias("source"), "topic", "partition", "offset", "timestamp", "key", "reason", "value"
         )
         count = rejected.count()
@@ -159,7 +162,7 @@ class KafkaCdcV2Source(CdcV2Source):
             # recover: exactly the reading the committed epoch made, [offsets, read), whatever
             # arrived since, so the same records give the same frontier and the same offsets.
             watermarks = self.kafka.offsets().watermarks(self.kafka.topics)
-            start = positions_of(checkpoint) if checkpoint is not None else self.kafka._starting(watermarks)
+            start = positions_of(checkpoint) if checkpoint is not None else self.kafka.start_positions(watermarks)
             read = positions_of({"offsets": until.get("read") or {}})
             for partition, end in sorted(read.items()):
                 low, high = watermarks.get(partition, (None, None))
@@ -184,8 +187,8 @@ class KafkaCdcV2Source(CdcV2Source):
         frontier = batch.checkpoint["frontier"]
         batch.checkpoint = {
             "frontier": frontier,
-            "offsets": _nested(self._needed_from(frontier)),
-            "read": _nested(self._plan.positions),
+            "offsets": nested(self._needed_from(frontier)),
+            "read": nested(self._plan.positions),
         }
         if until is not None and batch.checkpoint != until:
             raise SourceError(

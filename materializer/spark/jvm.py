@@ -1,4 +1,4 @@
-"""A local session's JVM: the Java checked, its log4j quieted, its output relayed, its start-up failure said."""
+"""A local session's JVM: the Java checked, its log4j quieted, its output relayed, its failure said."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The jars a local session needs (Delta for the installed Spark, hadoop-aws, Kafka's connector), resolved once."""
+"""The jars a local session needs: Delta for the installed Spark, hadoop-aws, Kafka's connector."""
 
 from __future__ import annotations
 

@@ -128,14 +128,14 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     def ours_parquet_variant_cast() -> None:
         # The staging job as it was before the fifth pass: every field typed by the VARIANT cast.
-        from materializer.sources import json_documents as documents
+        from materializer.sources import document_types
 
-        by_text = documents._by_text
-        documents._by_text = lambda dtype: False
+        by_text = document_types.by_text
+        document_types.by_text = lambda dtype: False
         try:
             ours_parquet()
         finally:
-            documents._by_text = by_text
+            document_types.by_text = by_text
 
     typed = T.StructType([*declared.fields, T.StructField("_corrupt", T.StringType())])
     options = {"columnNameOfCorruptRecord": "_corrupt", "allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}

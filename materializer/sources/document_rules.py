@@ -1,0 +1,114 @@
+"""The per-document checks of JSON documents as one Spark column: valid JSON and one value, an
+object, key fields present and scalar, no reserved field, a well-formed ``_meta``, no number too
+long to hold exactly, the binding's sequence fields, and values a declared type's cast refuses."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer import sqltypes
+from materializer.columns import OP, SEQ
+from materializer.sources.document_shapes import join_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+    from pyspark.sql.types import StructType
+
+EXACT_DIGITS = 38
+"""Longest run of digits a number may have: Spark's decimals hold 38; longer ones became doubles."""
+
+
+def problem_column(
+    keys: list[str], hidden: "tuple[str, ...]", sequence_by: list[str], declared: "StructType | None", lean: bool
+) -> "Column":
+    """Per document, what is wrong with it (NULL: nothing a row alone shows), as one column over
+    ``__v``, ``value`` and ``__parts`` (:meth:`DocumentReader.problem` says what ``lean`` leaves out)."""
+    from pyspark.sql import functions as F
+
+    v = F.col("__v")
+    value = F.col("value")
+    parts = F.col("__parts")
+
+    def kind(x: "Column") -> "Column":
+        return F.schema_of_variant(x)
+
+    rules: list[tuple[Column, Column | str]] = [
+        (
+            # Valid JSON to Spark's parser, which stops after the first value (json_text).
+            v.isNull() & F.try_parse_json(value).isNotNull(),
+            "more than one JSON value, or text after the document's value: a document must be one JSON object "
+            "(JSON Lines: one per line); the rest would be lost",
+        ),
+        (
+            v.isNull(),
+            "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
+            "16 MB, nesting deeper than 1000, a number of about 1000 digits); Spark cannot read it, so it cannot land",
+        ),
+        # Valid JSON that no struct cast takes: an array or a scalar.
+        (parts.isNull(), "a document must be a JSON object"),
+    ]
+    for key in keys:
+        got = parts[key]
+        rules.append((got.isNull() | F.is_variant_null(got), f"key field {key!r} is missing or null"))
+        if not (lean and _key_kind_declared(declared, key)):
+            rules.append((F.left(kind(got), F.lit(1)).isin("O", "A"), f"key field {key!r} must be a scalar"))  # OBJECT<…>, ARRAY<…>
+    for name in (OP, SEQ, *hidden):
+        rules.append((parts[name].isNotNull(), f"field {name!r} is reserved by the materializer"))
+    if sequence_by:
+        from materializer.changes import sequence_rules
+
+        rules += sequence_rules(v, sequence_by)
+    meta = parts["_meta"]
+    rules.append((meta.isNotNull() & F.is_variant_null(meta), "'_meta' is null; it must be an object such as {\"_meta\": {\"op\": \"d\"}} or be left out"))
+    rules.append((meta.isNotNull() & ~kind(meta).startswith("OBJECT"), "'_meta' must be an object such as {\"op\": \"d\"}"))
+    op = F.try_variant_get(meta, "$.op", "variant")
+    rules.append((op.isNotNull() & ~F.is_variant_null(op) & (kind(op) != F.lit("STRING")), "'_meta.op' must be a string (\"d\" deletes the key)"))
+    # A number longer than 38 digits parses to a double: rounded, so two distinct keys could
+    # become one. Cheap test first (any long run of digits), then whether the parsed value kept it.
+    long_run = f"[0-9]{{{EXACT_DIGITS + 1},}}"
+    rules.append(
+        (
+            value.rlike(long_run) & (F.regexp_count(value, F.lit(long_run)) > F.regexp_count(F.to_json(v), F.lit(long_run))),
+            f"a number has more than {EXACT_DIGITS} digits, more than Spark can hold exactly; write it as a string",
+        )
+    )
+    if declared is not None and not lean:
+        rules += _fits(parts, declared, "")
+    expr = F.lit(None).cast("string")
+    for condition, message in reversed(rules):
+        expr = F.when(condition, F.lit(message) if isinstance(message, str) else message).otherwise(expr)
+    return expr
+
+
+def _fits(parts: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
+    """Values the declared type's cast would refuse (a timestamp's format, an INT's range):
+    checked per document here, so the staging cast cannot fail (arrays aside). ``parts``: the
+    object's fields as VARIANTs (at the top, ``__parts``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    rules = []
+    for f in dtype.fields:
+        got = parts[f.name]
+        where = join_path(path, f.name)
+        if isinstance(f.dataType, T.StructType):
+            inner = got.try_cast(T.StructType([T.StructField(g.name, T.VariantType()) for g in f.dataType.fields]))
+            rules += _fits(inner, f.dataType, where)
+        elif not isinstance(f.dataType, (T.StringType, T.ArrayType, T.MapType, T.BooleanType)):
+            message = F.concat(
+                F.lit(f"a value does not fit source.schema: field {where!r} holds "),
+                F.substring(F.to_json(got), 1, 200),
+                F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
+            )
+            rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(sqltypes.plain(f.dataType)).isNull(), message))
+    return rules
+
+
+def _key_kind_declared(declared: "StructType | None", key: str) -> bool:
+    """Whether the declared schema gives ``key`` a type that refuses an object or an array
+    (any but STRING, which takes any JSON as its text)."""
+    from pyspark.sql import types as T
+
+    if declared is None or key not in declared.names:
+        return False
+    return not isinstance(declared[key].dataType, (T.StringType, T.StructType, T.ArrayType, T.MapType, T.VariantType))
