@@ -47,13 +47,18 @@ def table_writers(spark: "SparkSession", table: TableRef) -> TableWriters:
     # The catalog's own view: the history's tags (transaction ids are not in it).
     tags: dict[tuple[str, str], tuple[int, int]] = {}
     for row in spark.sql(f"DESCRIBE HISTORY {sql_name(table)}").select("version", "userMetadata").collect():
-        meta = parse_user_metadata(row["userMetadata"])
-        if meta is not None and "pipeline" in meta and "binding" in meta:
-            key = (str(meta["pipeline"]), str(meta["binding"]))
-            version = int(row["version"])
-            first, last = tags.get(key, (version, version))
-            tags[key] = (min(first, version), max(last, version))
+        version = int(row["version"])
+        _tagged(tags, row["userMetadata"], version, version)
     return TableWriters(tags=tags, app_ids={})
+
+
+def _tagged(tags: dict[tuple[str, str], tuple[int, int]], user_metadata: str | None, first: int, last: int) -> None:
+    """Fold a commit's (or a run of commits') ``userMetadata`` into ``tags`` when it is our tag."""
+    meta = parse_user_metadata(user_metadata)
+    if meta is not None and "pipeline" in meta and "binding" in meta:
+        key = (str(meta["pipeline"]), str(meta["binding"]))
+        low, high = tags.get(key, (first, last))
+        tags[key] = (min(low, first), max(high, last))
 
 
 def writers_without_spark(log: str) -> TableWriters | None:
@@ -68,6 +73,8 @@ def writers_without_spark(log: str) -> TableWriters | None:
     from materializer.storage import open_store
 
     try:
+        import pyarrow.parquet as pq  # with deltalake; without it, Spark reads
+
         store = open_store(log[len("file:") :] if log.startswith("file:") else log)
         names = [info.path for info in store.list("") if "/" not in info.path]  # the log's own files, not _sidecars/ …
         tags: dict[tuple[str, str], tuple[int, int]] = {}
@@ -81,11 +88,7 @@ def writers_without_spark(log: str) -> TableWriters | None:
                 if b'"commitInfo"' not in line and b'"txn"' not in line:
                     continue
                 action = json.loads(line)
-                meta = parse_user_metadata((action.get("commitInfo") or {}).get("userMetadata"))
-                if meta is not None and "pipeline" in meta and "binding" in meta:
-                    key = (str(meta["pipeline"]), str(meta["binding"]))
-                    first, last = tags.get(key, (version, version))
-                    tags[key] = (min(first, version), max(last, version))
+                _tagged(tags, (action.get("commitInfo") or {}).get("userMetadata"), version, version)
                 app = (action.get("txn") or {}).get("appId")
                 if app is not None:
                     app_ids[app] = max(app_ids.get(app, -1), version)
@@ -94,8 +97,6 @@ def writers_without_spark(log: str) -> TableWriters | None:
             found = re.fullmatch(r"(\d+)\.checkpoint.*\.parquet", name)
             if found is None:
                 continue
-            import pyarrow.parquet as pq
-
             data = pq.read_table(io.BytesIO(store.get(name)), columns=["txn"]).column("txn").to_pylist()
             for txn in data:
                 if txn and txn.get("appId") is not None:
@@ -128,11 +129,7 @@ def _writers_from_log(spark: "SparkSession", log: str) -> TableWriters:
     tags: dict[tuple[str, str], tuple[int, int]] = {}
     app_ids: dict[str, int] = {}
     for row in commits:
-        meta = parse_user_metadata(row["meta"])
-        if meta is not None and "pipeline" in meta and "binding" in meta:
-            key = (str(meta["pipeline"]), str(meta["binding"]))
-            first, last = tags.get(key, (row["first"], row["last"]))
-            tags[key] = (min(first, row["first"]), max(last, row["last"]))
+        _tagged(tags, row["meta"], int(row["first"]), int(row["last"]))
         if row["app"] is not None:
             app_ids[row["app"]] = max(app_ids.get(row["app"], -1), int(row["last"]))
     try:
