@@ -24,6 +24,7 @@ options ``TEST_JVM_OPTIONS`` below.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -51,6 +52,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 TEST_JVM_OPTIONS = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 if TEST_JVM_OPTIONS:
     os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM
+
+# Test-only Spark settings (tests/spark-conf/spark-defaults.conf: no generated code, no adaptive
+# re-planning), read by spark-submit for the same JVMs. A developer's own SPARK_CONF_DIR wins;
+# MATERIALIZER_TEST_SPARK_DEFAULTS=0 leaves Spark's defaults (to compare).
+if os.environ.get("MATERIALIZER_TEST_SPARK_DEFAULTS", "1") != "0":
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
 
 # fixture -> markers it implies
 FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
