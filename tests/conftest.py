@@ -54,7 +54,7 @@ if TEST_JVM_OPTIONS:
     os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM
 
 # Test-only Spark settings (tests/spark-conf/spark-defaults.conf: no generated code, no adaptive
-# re-planning, a 3 GiB driver heap), read by spark-submit for the same JVMs. A developer's own SPARK_CONF_DIR wins;
+# re-planning, Delta's log cache capped, a 3 GiB driver heap), read by spark-submit for the same JVMs. A developer's own SPARK_CONF_DIR wins;
 # MATERIALIZER_TEST_SPARK_DEFAULTS=0 leaves Spark's defaults (to compare).
 if os.environ.get("MATERIALIZER_TEST_SPARK_DEFAULTS", "1") != "0":
     os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
