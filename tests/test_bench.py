@@ -132,6 +132,27 @@ def test_cpu_seconds_count_the_jvms_children_alive_and_exited(tmp_path: Path) ->
         fake.wait()
 
 
+def test_the_samplers_own_cpu_is_not_charged_to_the_drivers_python() -> None:
+    # The memory sampler reads the process tree five times a second for the whole bench: its CPU
+    # grows with an epoch's wall time and is the bench's, not the pipeline's. Here it samples as
+    # fast as it can while the main thread does nothing: the driver's figure must stay near zero.
+    import time
+
+    from materializer.tools.bench import MemorySampler, cpu_seconds
+    from materializer.tools.bench.measurement import OWN_CPU
+
+    sampler = MemorySampler(interval=0.0005)
+    own_before = OWN_CPU.seconds
+    before = cpu_seconds()
+    with sampler.start().phase("idle"):
+        time.sleep(1.5)
+    sampler.stop()
+    after = cpu_seconds()
+    spent = OWN_CPU.seconds - own_before
+    assert spent >= 0.1, f"the sampler used {spent:.3f} s: too little to tell"
+    assert after[0] - before[0] < 0.25 * spent, (before, after, spent)
+
+
 def test_epoch_phases_of_a_pipelined_run_overlap_the_read_with_the_apply() -> None:
     # Epoch 2 is read (3.0 -> 4.0) while epoch 1 is applied (3.0 -> 7.0); its total is what it
     # adds to the run: from epoch 1's Acknowledged to its own.

@@ -16,6 +16,27 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+# --- the bench's own CPU ------------------------------------------------------------------------
+
+
+class _OwnCpu:
+    """CPU seconds this process spends measuring (the samplers' threads, :func:`cpu_seconds`
+    itself), taken off the driver's Python figure: they are the bench's work, not the pipeline's,
+    and they grow with an epoch's wall time (the memory sampler reads the process tree five times a
+    second), so left in they charged the slower configurations more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+
+OWN_CPU = _OwnCpu()
+
+
 # --- memory ---------------------------------------------------------------------------------------
 
 
@@ -80,7 +101,9 @@ class MemorySampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            started = time.thread_time()
             self.sample()
+            OWN_CPU.add(time.thread_time() - started)
 
     @contextmanager
     def phase(self, name: str, pid: int | None = None) -> Iterator[None]:
@@ -164,7 +187,7 @@ class WorkerCpu:
     from live processes only). So a thread samples every process under the JVM every
     ``interval`` seconds and keeps each one's last reading: an exited worker counts with what it
     had used at the last sample before it ended (at most ``interval`` of CPU short). The
-    sampler's own CPU is not charged to the driver's Python (:attr:`own`)."""
+    sampler's own CPU is not charged to the driver's Python (:data:`OWN_CPU`)."""
 
     def __init__(self, interval: float = 0.1) -> None:
         import psutil
@@ -174,8 +197,6 @@ class WorkerCpu:
         self.interval = interval
         self._seen: dict[tuple[int, float], float] = {}
         self._lock = threading.Lock()
-        self.own = 0.0
-        """CPU seconds the sampling thread has used (taken off the driver's figure)."""
         self._thread = threading.Thread(target=self._loop, name="bench-worker-cpu", daemon=True)
         self._thread.start()
 
@@ -183,8 +204,7 @@ class WorkerCpu:
         while True:
             started = time.thread_time()
             self.sample()
-            with self._lock:
-                self.own += time.thread_time() - started
+            OWN_CPU.add(time.thread_time() - started)
             time.sleep(self.interval)
 
     def sample(self) -> tuple[float, float]:
@@ -227,11 +247,16 @@ def cpu_seconds() -> tuple[float, float, float]:
     import psutil
 
     global _workers
+    started = time.thread_time()
     if _workers is None:
         _workers = WorkerCpu()
     jvm, workers = _workers.sample()
     times = psutil.Process().cpu_times()
-    return times.user + times.system - _workers.own, jvm, workers
+    mine = times.user + times.system
+    # Charged from the next reading on: this one's CPU falls after the process's figure was read.
+    own = OWN_CPU.seconds
+    OWN_CPU.add(time.thread_time() - started)
+    return mine - own, jvm, workers
 
 
 class TimingCollector(Collector):
