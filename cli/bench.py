@@ -54,8 +54,28 @@ def bench(
         None, "--parallel-bindings", min=1, help="With --bindings: transaction.parallel_bindings of the side-by-side runs."
     ),
     sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="With --bindings: also run one binding at a time."),
+    freshness: Optional[int] = typer.Option(
+        None, "--freshness", min=1,
+        help="Instead: follow mode's freshness over N one-document changes (file written to rows applied; p50, p90).",
+    ),
+    poll_interval: Optional[float] = typer.Option(
+        None, "--poll-interval", min=0.01, help="With --freshness: transaction.poll_interval_seconds (default: the configuration's)."
+    ),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
+    if freshness:
+        from materializer.tools.bench_freshness import FreshnessOptions, run_bench_freshness
+        from materializer.tools.bench_freshness import summary_lines as freshness_lines
+
+        freshness_report = run_bench_freshness(
+            FreshnessOptions(
+                changes=freshness, poll=poll_interval, seed=seed, out=out, master=master, keep_data=keep_data,
+                conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
+            ),
+            say=lambda message: typer.echo(message, err=True),
+        )
+        output(json_out, freshness_report, lambda: freshness_lines(freshness_report), indent=1)
+        return
     if bindings:
         from materializer.tools.bench_bindings import BindingsOptions, run_bench_bindings, summary_lines
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,30 @@ def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path
 
     header, rows = summary_table(on_disk)
     assert header == ["figure", config["name"]] and all(len(r) == 2 for r in rows)
+
+
+@pytest.mark.slow
+def test_freshness_bench_times_each_change_from_its_file_to_its_rows(spark: Any, tmp_path: Path) -> None:
+    # Follow mode in this process, three one-document changes written one at a time (the first a
+    # warm-up): each is timed from its file's rename to its epoch's Acknowledged, and its parts add up.
+    from materializer.tools.bench_freshness import FreshnessOptions, run_bench_freshness, summary_lines
+
+    from tests.helpers import delta_rs_list
+
+    options = FreshnessOptions(changes=2, warmup=1, poll=0.2, pause=0.2, out=tmp_path / "out", keep_data=True, timeout=120)
+    report = run_bench_freshness(options, say=lambda _m: None, spark=spark)
+    changes = report["changes"]
+    assert [c["change"] for c in changes] == [0, 1, 2]
+    epochs = [c["epoch"] for c in changes]
+    assert epochs == sorted(set(epochs)), f"one epoch per change: {epochs}"
+    for change in changes:
+        assert change["apply"] > 0 and change["read_to_commit"] > 0, change
+        parts = change["wait"] + change["read_to_commit"] + change["apply"]
+        assert abs(parts - change["freshness"]) < 0.05, change
+    summary = report["summary"]
+    assert summary["p50"] > 0 and summary["max"] >= summary["p50"]
+    assert summary["poll_interval_seconds"] == 0.2
+    assert "p50" in summary_lines(report)[0]
+    # Each change's rows are in the table when it is reported applied: the last values of each key.
+    rows = {r["id"]: r["n"] for r in delta_rs_list(tmp_path / "out" / "run" / "tables" / "changes")}
+    assert rows == {0: 0, 1: 1, 2: 2}
