@@ -54,6 +54,9 @@ def bench(
         None, "--parallel-bindings", min=1, help="With --bindings: transaction.parallel_bindings of the side-by-side runs."
     ),
     sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="With --bindings: also run one binding at a time."),
+    bindings_peer: bool = typer.Option(
+        False, "--bindings-peer", help="With --bindings: also time one hand-written MERGE per table (the floor)."
+    ),
     freshness: Optional[int] = typer.Option(
         None, "--freshness", min=1,
         help="Instead: follow mode's freshness over N one-document changes (file written to rows applied; p50, p90).",
@@ -82,6 +85,7 @@ def bench(
         report = run_bench_bindings(
             BindingsOptions(
                 bindings=list(bindings), rows=binding_rows, epochs=epochs, parallel=parallel_bindings, sequential=sequential,
+                peer=bindings_peer,
                 pipelined=pipelined, out=out, master=master, keep_data=keep_data,
                 conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
             ),

@@ -254,3 +254,23 @@ def test_freshness_bench_times_each_change_from_its_file_to_its_rows(spark: Any,
     # Each change's rows are in the table when it is reported applied: the last values of each key.
     rows = {r["id"]: r["n"] for r in delta_rs_list(tmp_path / "out" / "run" / "tables" / "changes")}
     assert rows == {0: 0, 1: 1, 2: 2}
+
+
+@pytest.mark.slow
+def test_bindings_bench_times_the_peer_floor_on_the_same_rows(spark: Any, tmp_path: Path) -> None:
+    # The floor under an epoch of N bindings: one hand-written MERGE per table of the same files.
+    # It must do the same work as ours: its tables hold exactly ours' rows.
+    from materializer.tools.bench_bindings import BindingsOptions, run_bench_bindings, summary_lines
+
+    from tests.helpers import delta_rs_list
+
+    options = BindingsOptions(bindings=[1, 2], rows=6, epochs=2, parallel=2, sequential=False, peer=True, out=tmp_path, keep_data=True)
+    report = run_bench_bindings(options, say=lambda _m: None, spark=spark)
+    modes = [(r["bindings"], r["mode"], r["parallel_bindings"]) for r in report["runs"]]
+    assert modes == [(1, "parallel", 2), (1, "peer", 2), (2, "parallel", 2), (2, "peer", 2)], modes
+    assert all(r["epoch_wall"] > 0 and r["epoch_cpu"] > 0 for r in report["runs"])
+    for index in range(2):
+        ours = delta_rs_list(tmp_path / "run-2-parallel" / "tables" / f"b{index:03d}")
+        peer = delta_rs_list(tmp_path / "peer-2-2" / f"t{index:03d}")
+        assert ours and sorted(ours, key=lambda r: r["id"]) == sorted(peer, key=lambda r: r["id"])
+    assert any(line.startswith("       1       peer") for line in summary_lines(report))

@@ -10,6 +10,9 @@ Spark JVM and its Python workers: :func:`materializer.tools.bench.cpu_seconds`) 
 from one Acknowledged to the next (the first epoch includes Open and the tables' creation, so the
 figure reported is the median of the later epochs), and the Spark jobs of the whole run.
 
+With ``peer`` it also times the floor under those epochs: the same files, one hand-written Delta
+MERGE per table per epoch, one table at a time and ``parallel`` at a time (:func:`run_peer`).
+
 The goal it checks: an epoch of 64 bindings of 100 rows costs at most 8 times an epoch of one.
 On a shared machine wall time is noisy: the CPU seconds are the steadier figure.
 """
@@ -46,6 +49,8 @@ class BindingsOptions:
     """``transaction.parallel_bindings`` of the side-by-side runs (None: the configuration's default)."""
     sequential: bool = True
     """Also run each N with ``parallel_bindings: 1``."""
+    peer: bool = False
+    """Also time the floor: the same epochs as one hand-written MERGE per table (:func:`run_peer`)."""
     pipelined: bool = True
     out: Path = Path(".bench-bindings")
     master: str = "local[*]"
@@ -171,6 +176,11 @@ def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = pr
                 f"{result['epoch_wall']:.1f} s wall, {result['epoch_cpu']:.1f} s CPU; run {result['run_wall']:.1f} s, "
                 f"{result['spark_jobs']} Spark jobs"
             )
+        if options.peer:
+            for threads in sorted({1, options.parallel or 1}) if options.sequential else [options.parallel or 1]:
+                result = run_peer(spark, root, sources, threads, options)
+                runs.append(result)
+                say(f"{n} tables, peer ({threads} thread(s)): epoch {result['epoch_wall']:.1f} s wall, {result['epoch_cpu']:.1f} s CPU")
         if not options.keep_data:
             shutil.rmtree(root / f"src-{n}", ignore_errors=True)
     report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in options.__dict__.items()}, "runs": runs, "goal": goal(runs)}
@@ -178,9 +188,55 @@ def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = pr
     return report
 
 
+def run_peer(spark: "SparkSession", root: Path, sources: list[Path], threads: int, options: BindingsOptions) -> dict[str, Any]:
+    """The floor under an epoch of N bindings: the same files, each epoch one hand-written Delta
+    MERGE per table (the file read with the schema, keys kept as the source has them: ids are
+    distinct within a file), ``threads`` tables at a time. No staging, no recovery log, no txn
+    ids, no checks: what any pipeline that MERGEs each table costs at least."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from materializer.tools.bench import cpu_seconds
+
+    work = root / f"peer-{len(sources)}-{threads}"
+    shutil.rmtree(work, ignore_errors=True)
+    schema = "id BIGINT, name STRING, amount DOUBLE, epoch BIGINT"
+    tables = [work / f"t{i:03d}" for i in range(len(sources))]
+    for table in tables:
+        spark.sql(f"CREATE TABLE delta.`{table}` ({schema}) USING delta TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+
+    def merge(index: int, epoch: int) -> None:
+        rows = spark.read.schema(schema).json(str(sources[index] / f"part-{epoch:04d}.jsonl"))
+        view = f"peer_{index}_{epoch}"
+        rows.createOrReplaceTempView(view)
+        spark.sql(
+            f"MERGE INTO delta.`{tables[index]}` t USING {view} s ON t.id = s.id "
+            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+        ).collect()
+        spark.catalog.dropTempView(view)
+
+    marks = [(time.monotonic(), cpu_seconds())]
+    for epoch in range(options.epochs):
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda i, e=epoch: merge(i, e), range(len(sources))))
+        marks.append((time.monotonic(), cpu_seconds()))
+    epochs = []
+    for (t0, c0), (t1, c1) in zip(marks, marks[1:]):
+        epochs.append({"wall": round(t1 - t0, 3), "cpu": round(sum(b - a for a, b in zip(c0, c1)), 3)})
+    later = epochs[1:] or epochs
+    if not options.keep_data:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "bindings": len(sources), "mode": "peer", "parallel_bindings": threads, "last_epoch": options.epochs,
+        "run_wall": round(marks[-1][0] - marks[0][0], 3), "spark_jobs": None,
+        "epoch_wall": round(statistics.median(e["wall"] for e in later), 3),
+        "epoch_cpu": round(statistics.median(e["cpu"] for e in later), 3),
+        "epochs": epochs,
+    }
+
+
 def goal(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Epoch of GOAL_BINDINGS bindings (side by side) over the epoch of one, wall and CPU."""
-    one = next((r for r in runs if r["bindings"] == 1), None)
+    one = next((r for r in runs if r["bindings"] == 1 and r["mode"] != "peer"), None)
     many = next((r for r in runs if r["bindings"] == GOAL_BINDINGS and r["mode"] == "parallel"), None)
     if one is None or many is None:
         return {"measured": False}
@@ -197,6 +253,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"{r['spark_jobs'] if r['spark_jobs'] is not None else '?':>8}"
         )
     g = report["goal"]
+    peer_one = next((r for r in report["runs"] if r["bindings"] == 1 and r["mode"] == "peer"), None)
+    peer_many = sorted((r for r in report["runs"] if r["bindings"] == GOAL_BINDINGS and r["mode"] == "peer"), key=lambda r: r["epoch_wall"])
+    if peer_one and peer_many and peer_one["epoch_wall"]:
+        lines.append(
+            f"floor: the peer's epoch of {GOAL_BINDINGS} tables is x{peer_many[0]['epoch_wall'] / peer_one['epoch_wall']:.1f} its "
+            f"epoch of 1 (wall, {peer_many[0]['parallel_bindings']} thread(s))"
+        )
     if g.get("measured"):
         lines.append(
             f"goal: epoch of {GOAL_BINDINGS} bindings <= {GOAL_RATIO:g} x epoch of 1: wall x{g['wall_ratio']:.1f}, "
