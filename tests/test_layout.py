@@ -82,6 +82,45 @@ def test_partition_by_and_properties_are_set_by_the_first_epochs_tagged_commit(s
 
 @pytest.mark.slow
 @pytest.mark.spark
+def test_auto_compaction_set_by_the_user_leaves_each_epoch_tagged_once_in_the_history(spark: Any, tmp_path: Path) -> None:
+    # Delta runs the compaction inside the MERGE that reaches the threshold (here 4 small files, 50
+    # by default; on Databricks it is always on for MERGE), so its OPTIMIZE commit carries the
+    # epoch's tag, copied from the session. The history the drill and the txn fallback read must not
+    # take it for a second commit of that epoch.
+    from deltalake import DeltaTable
+
+    from materializer.delta.reads import history
+    from materializer.tables import TableRef
+    from tests.helpers import delta_rs_list
+
+    table = tmp_path / "tables" / "orders"
+    for e in range(8):
+        write_jsonl(tmp_path / "src" / f"{e:02d}.jsonl", [{"id": e, "qty": e * 10}])  # an insert: a new small file each
+    config = config_with(
+        tmp_path, [binding("orders", tmp_path / "src", table, max_files=1, properties={"delta.autoOptimize.autoCompact": True})]
+    )
+    runtime = Runtime(config, spark)
+    runtime.driver.apply_spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    assert runtime.run().last_epoch == 8
+    dt = DeltaTable(str(table))
+    compactions = [h for h in dt.history() if h["operation"] == "OPTIMIZE"]
+    assert compactions, "no auto compaction ran"
+    assert all("materializer" in (h.get("userMetadata") or "") for h in compactions)  # Delta copied the tag
+    read = history(spark, TableRef(str(table)))
+    assert sorted(h["tag"]["epoch"] for h in read if h["tag"]) == list(range(1, 9))
+    assert all(h["tag"] is None for h in read if h["operation"] == "OPTIMIZE")
+    assert dt.transaction_version("test-pipeline") == 8
+    expected = {e: e * 10 for e in range(8)}
+    assert {r["id"]: r["qty"] for r in delta_rs_list(table)} == expected
+    assert {k[0]: r["qty"] for k, r in table_rows(spark, table, ["id"]).items()} == expected
+    # The next run's Open reads the table's writers: a compaction carries no txn id of another writer.
+    write_jsonl(tmp_path / "src" / "08.jsonl", [{"id": 8, "qty": 80}])
+    assert Runtime(config, spark).run().last_epoch == 9
+    assert {r["id"]: r["qty"] for r in delta_rs_list(table)} == {**expected, 8: 80}
+
+
+@pytest.mark.slow
+@pytest.mark.spark
 def test_cluster_by_creates_a_liquid_clustered_table_and_deletion_vectors_can_be_turned_off(spark: Any, tmp_path: Path) -> None:
     from deltalake import DeltaTable
 

@@ -110,14 +110,24 @@ def table_version(spark: "SparkSession", table: TableRef) -> int | None:
     return int(rows[0]["version"]) if rows else None
 
 
+COMPACTION = ("OPTIMIZE",)
+"""Operations that rewrite files without changing rows. Delta's auto compaction runs one inside the
+write that triggers it (on Databricks, after every MERGE that leaves enough small files; on
+open-source Delta where ``delta.autoOptimize.autoCompact`` is set), so its commit carries the
+session's ``commitInfo.userMetadata``: our tag of the epoch just applied. It is not that epoch's
+commit, and it carries no txn id."""
+
+
 def history(spark: "SparkSession", table: TableRef) -> list[dict[str, Any]]:
-    """Commit history, oldest first: version, operation, and our tag (pipeline, binding, epoch)."""
+    """Commit history, oldest first: version, operation, and our tag (pipeline, binding, epoch);
+    None for a compaction (:data:`COMPACTION`), whose tag is only copied from the epoch's MERGE."""
     if not exists(spark, table):
         return []
     rows = spark.sql(f"DESCRIBE HISTORY {sql_name(table)}").select("version", "operation", "userMetadata").collect()
     out = []
     for row in sorted(rows, key=lambda r: r["version"]):
-        out.append({"version": row["version"], "operation": row["operation"], "tag": parse_user_metadata(row["userMetadata"])})
+        tag = None if row["operation"] in COMPACTION else parse_user_metadata(row["userMetadata"])
+        out.append({"version": row["version"], "operation": row["operation"], "tag": tag})
     return out
 
 
