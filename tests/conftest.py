@@ -13,8 +13,9 @@ cannot slip into the wrong tier. Tiers: ``pytest -m "not spark and not subproces
 ``pytest -m "spark and not subprocess"`` (in-process), ``pytest -m subprocess``.
 
 Runs (docs/tests.md has their times): the **quick default** ``pytest`` leaves out ``slow``, ``drill``
-and ``long`` (pyproject's addopts); the **full** run, CI's, is ``pytest -m "not drill and not long"``
-(a ``-m`` on the command line replaces addopts'); ``pytest -m "drill or long"`` the rest. ``slow`` is
+and ``long`` (pyproject's addopts); the **full** run, CI's, is ``pytest -m "not drill and not long" -n 2
+--dist loadgroup`` (a ``-m`` on the command line replaces addopts'; two pytest-xdist workers);
+``pytest -m "drill or long"`` the rest. ``slow`` is
 written on a test (the quick run keeps at least one integration test of each module, one SIGKILL of
 the CLI, one Connect and one Kafka round trip) and added here to every case but the first of a
 parametrised integration test. Every JVM the tests start through spark-submit gets the test-only
@@ -88,7 +89,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and any(item.get_closest_marker(m) for m in JVM_TIERS):
             if any(index != 0 for index in callspec.indices.values()) and not item.get_closest_marker("slow"):
                 item.add_marker("slow")
-        # Under pytest-xdist (`-n 2 --dist loadgroup`, optional: docs/tests.md) each worker is a process
+        # Under pytest-xdist (`-n 2 --dist loadgroup`, the full run's: docs/tests.md) each worker is a process
         # with its own SparkSession and session fixtures: the tests of the Connect server, and those
         # of the broker, go to one worker each (one server, one broker); the others go by file (a
         # file's module fixtures are built once, its tests run in their order, as without xdist).
@@ -132,3 +133,36 @@ def spark(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     )
     yield session
     session.stop()
+
+
+# --- where the run's time goes: MATERIALIZER_TEST_CPU_LOG=FILE ----------------------------------------
+# One JSON line per test: its wall seconds (setup, call and teardown) and the CPU seconds the whole
+# machine spent meanwhile (/proc/stat), which counts every process a test makes work: the shared
+# session's JVM, a CLI subprocess and its JVM, the broker, the Connect server. Meant for an otherwise
+# idle machine (docs/tests.md, "Where the time goes"); off unless the variable is set.
+_CPU_LOG = os.environ.get("MATERIALIZER_TEST_CPU_LOG")
+
+
+def _machine_cpu_seconds() -> float:
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    user, nice, system = (int(v) for v in fields[:3])
+    irq, softirq = (int(v) for v in fields[5:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+if _CPU_LOG:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        import json
+        import time
+
+        wall, cpu = time.monotonic(), _machine_cpu_seconds()
+        yield
+        record = {
+            "test": item.nodeid, "start": round(time.time() - (time.monotonic() - wall), 1),
+            "wall": round(time.monotonic() - wall, 2), "cpu": round(_machine_cpu_seconds() - cpu, 2),
+        }
+        with open(_CPU_LOG, "a") as log:
+            log.write(json.dumps(record) + "\n")
