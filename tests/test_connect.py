@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -270,71 +271,85 @@ def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_sp
     assert connect_spark.conf.get(SESSION_TIMEOUT) in ("-1", "-1ms")
 
 
+SHORT_TIMEOUT_SECONDS = 15
+"""The session timeout of the server the two tests below share (Spark's default: an hour). Not
+shorter: the run's apply session makes no call while epoch 1 is staged, and at 6 s a loaded machine
+(two pytest-xdist workers) let the server close it before its first apply."""
+
+
+@pytest.fixture(scope="module")
+def short_timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Connect server of its own that closes a session idle for SHORT_TIMEOUT_SECONDS, checked
+    every second: one start for both tests below."""
+    from tests.connect_server import SESSION_TIMEOUT, start, stop
+
+    process, server = start(
+        tmp_path_factory.mktemp("short-timeout-server"),
+        conf={SESSION_TIMEOUT: f"{SHORT_TIMEOUT_SECONDS}s", "spark.connect.session.manager.maintenanceInterval": "1s"},
+    )
+    try:
+        yield server
+    finally:
+        stop(process)
+
+
+@contextmanager
+def _own_session(url: str) -> Iterator[Any]:
+    """A client of its own, and the run's shared session stays the default (getOrCreate would
+    return that one whatever the URL; create() makes the new one the default)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    shared = ConnectSession._get_default_session()
+    session = ConnectSession.builder.remote(url).create()
+    try:
+        yield session
+    finally:
+        session.stop()  # no longer the default either
+        if shared is not None:
+            ConnectSession._set_default_and_active_session(shared)
+
+
 @pytest.mark.slow
-def test_a_server_closes_a_session_idle_past_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_closes_a_session_idle_past_its_timeout(short_timeout_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the setting above prevents, on a server whose timeout is 15 s: a session that makes no
     call for longer is closed by the server, and its next call fails with SESSION_CLOSED, as the
     txn-version tests' calls did."""
     import time
 
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    from tests.connect_server import SESSION_TIMEOUT, start, stop
-
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-    process, server = start(tmp_path, conf={SESSION_TIMEOUT: "15s", "spark.connect.session.manager.maintenanceInterval": "1s"})
-    # A client of its own, and the run's shared session stays the default (getOrCreate would
-    # return that one whatever the URL; create() makes the new one the default).
-    shared = ConnectSession._get_default_session()
-    session = ConnectSession.builder.remote(server.url).create()
-    try:
+    with _own_session(short_timeout_server.url) as session:
         assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
-        time.sleep(20)
+        time.sleep(SHORT_TIMEOUT_SECONDS + 5)
         with pytest.raises(Exception, match="SESSION_CLOSED"):
             session.sql("SELECT 1 AS one").collect()
-    finally:
-        session.stop()  # no longer the default either
-        if shared is not None:
-            ConnectSession._set_default_and_active_session(shared)
-        stop(process)
 
 
 @pytest.mark.slow
-def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
+    short_timeout_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``run --follow`` over Spark Connect with nothing to read makes no Spark call of its own, so
     a server would close its sessions after its timeout (an hour by default; 15 s here) and the
     next epoch would fail with SESSION_CLOSED. The runtime touches them while it waits
-    (KEEP_ALIVE_SECONDS, 3 s here): after 25 s of waiting, both the run's session and the apply
-    session still answer, and a new file lands."""
+    (KEEP_ALIVE_SECONDS, 3 s here): after 25 s of waiting, both the run's session
+    and the apply session still answer, and a new file lands."""
     import time
 
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
     from materializer.runtime import Runtime, loop
-    from tests.connect_server import SESSION_TIMEOUT, start, stop
     from tests.helpers import binding, table_rows, write_jsonl
     from tests.test_holes import config_with
 
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 3.0)  # where Runtime.run looks it up
-    (tmp_path / "server").mkdir()
-    process, server = start(tmp_path / "server", conf={SESSION_TIMEOUT: "15s", "spark.connect.session.manager.maintenanceInterval": "1s"})
-    shared = ConnectSession._get_default_session()
-    session = ConnectSession.builder.remote(server.url).create()
-    try:
+    with _own_session(short_timeout_server.url) as session:
         table = tmp_path / "tables" / "items"
         write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
         config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000, "poll_interval_seconds": 0.5})
         rt = Runtime(config, session)
         began = time.monotonic()
-        rt.run(follow=True, should_stop=lambda: time.monotonic() - began > 25)
+        rt.run(follow=True, should_stop=lambda: time.monotonic() - began > SHORT_TIMEOUT_SECONDS + 10)
         assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
         assert rt.driver.apply_spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # type: ignore[attr-defined]
         write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "v": 2}])
         Runtime(config, session).run()
         assert sorted(key[0] for key in table_rows(session, table, ["id"])) == [1, 2]
-    finally:
-        session.stop()
-        if shared is not None:
-            ConnectSession._set_default_and_active_session(shared)
-        stop(process)
