@@ -151,6 +151,36 @@ def _machine_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu_seconds() -> float:
+    """CPU seconds of this process and every process below it, live or already waited for.
+
+    Unlike the machine's figure, this one is the test's own under two xdist workers: its process, the
+    shared session's JVM, a CLI run and its JVM, a server it started (not one that left the tree).
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    me = os.getpid()
+    below, frontier = {me}, [me]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in below:
+                below.add(pid)
+                frontier.append(pid)
+    return sum(times.get(pid, 0) for pid in below) / tick
+
+
 if _CPU_LOG:
 
     @pytest.hookimpl(hookwrapper=True)
@@ -158,11 +188,13 @@ if _CPU_LOG:
         import json
         import time
 
-        wall, cpu = time.monotonic(), _machine_cpu_seconds()
+        wall, cpu, tree = time.monotonic(), _machine_cpu_seconds(), _tree_cpu_seconds()
         yield
         record = {
             "test": item.nodeid, "start": round(time.time() - (time.monotonic() - wall), 1),
             "wall": round(time.monotonic() - wall, 2), "cpu": round(_machine_cpu_seconds() - cpu, 2),
+            "tree_cpu": round(_tree_cpu_seconds() - tree, 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            "markers": sorted({m.name for m in item.iter_markers()} & {"spark", "subprocess", "crash", "slow"}),
         }
         with open(_CPU_LOG, "a") as log:
             log.write(json.dumps(record) + "\n")
