@@ -1,8 +1,9 @@
 """A real Spark Connect server with Delta, on loopback, for the Connect tests.
 
 Started from pyspark's own distribution (``pyspark/bin/spark-submit`` and the ``spark-connect``
-jar that ships in ``pyspark/jars``) with the Delta jar that :func:`materializer.spark.delta_package`
-picks for the installed pyspark, resolved from the project's Ivy cache. The server binds port 0 on
+jar that ships in ``pyspark/jars``) with the Delta jars that :func:`materializer.spark.session_jars` gives
+every local session (the release paired with the installed pyspark, resolved once into the
+project's Ivy cache). The server binds port 0 on
 127.0.0.1 (the OS picks a free port, so parallel runs never collide); its log says which port.
 It runs ``local[2]`` and shares this machine's file system with the tests, so local staging, log
 and table folders are the same paths on both sides, as a Databricks volume is.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from tests.helpers import long_lived_jvm_env
 
 STARTED = re.compile(r"Spark Connect server started at: [^\s]*:(\d+)")
 
@@ -47,7 +51,7 @@ def start(
     ``conf``: server settings over the defaults here."""
     import pyspark
 
-    from materializer.spark import BASE_CONF, delta_package, ivy_cache
+    from materializer.spark import BASE_CONF, session_jars
 
     home = Path(pyspark.__file__).parent
     if not list((home / "jars").glob("spark-connect_*.jar")):
@@ -57,8 +61,10 @@ def start(
     conf.update(
         {
             SESSION_TIMEOUT: "-1",
-            "spark.jars.packages": delta_package(),
-            "spark.jars.ivy": str(ivy_cache()),
+            # Delta's jars as every session of ours gets them (materializer.jars: resolved once, under
+            # a lock), not spark.jars.packages: Spark's own Ivy run, beside another worker's
+            # resolution into the same fresh cache, failed with "download failed" on a new machine.
+            "spark.jars": ",".join(session_jars(False)),
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": "0",
             "spark.driver.host": "127.0.0.1",
@@ -70,11 +76,13 @@ def start(
             **extra,
         }
     )
-    args = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]
+    # What pyspark's JVMs get from PYSPARK_SUBMIT_ARGS (the test-only settings file: tests/conftest.py).
+    submit = [a for a in shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "")) if a != "pyspark-shell"]
+    args = [str(home / "bin" / "spark-submit"), *submit, "--master", "local[2]"]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     args += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "spark-internal"]
-    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    env = long_lived_jvm_env(dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1"))
     env.pop("SPARK_REMOTE", None)
     log = workdir / "connect-server.log"
     with open(log, "wb") as out:

@@ -14,6 +14,7 @@ Tests talk to it with confluent-kafka (the ``dev`` extra).
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import shutil
 import socket
@@ -68,6 +69,15 @@ def kafka_jars() -> Path:
     if shutil.which("mvn") is None or shutil.which("java") is None:
         raise BrokerUnavailable("Kafka's broker needs java and mvn on PATH to fetch its jars")
     home.mkdir(parents=True, exist_ok=True)
+    # One download at a time (two pytest-xdist workers share the folder): the second waits, then uses it.
+    with open(home / ".download.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (home / "COMPLETE").exists():
+            return libs
+        return _download(home, libs)
+
+
+def _download(home: Path, libs: Path) -> Path:
     (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, version=KAFKA_VERSION))
     result = subprocess.run(
         ["mvn", "-q", "-B", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
