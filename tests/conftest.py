@@ -31,7 +31,7 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
-from tests import helpers
+from tests import cds, helpers
 
 # CI draws the same examples every run (a verdict is reproducible, a red CI names a real failure);
 # a developer's run draws new ones each time, and a failure prints its blob to reproduce it.
@@ -55,10 +55,19 @@ if TEST_JVM_OPTIONS:
     os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM
 
 # Test-only Spark settings (tests/spark-conf/spark-defaults.conf: no generated code, no adaptive
-# re-planning, Delta's log cache capped, a 3 GiB driver heap), read by spark-submit for the same JVMs. A developer's own SPARK_CONF_DIR wins;
-# MATERIALIZER_TEST_SPARK_DEFAULTS=0 leaves Spark's defaults (to compare).
-if os.environ.get("MATERIALIZER_TEST_SPARK_DEFAULTS", "1") != "0":
-    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
+# re-planning, Delta's log cache capped, a 3 GiB driver heap), read by spark-submit for the same JVMs
+# as its --properties-file (pyspark passes PYSPARK_SUBMIT_ARGS on; tests/connect_server.py too). Not
+# as SPARK_CONF_DIR: spark-submit puts that folder on the JVM's class path, and Java's class-data
+# sharing refuses a class path with a non-empty folder (tests/cds.py), so SPARK_CONF_DIR is an empty one.
+# A developer's own SPARK_CONF_DIR or PYSPARK_SUBMIT_ARGS wins; MATERIALIZER_TEST_SPARK_DEFAULTS=0
+# leaves Spark's defaults (to compare).
+SPARK_DEFAULTS = Path(__file__).parent / "spark-conf" / "spark-defaults.conf"
+if os.environ.get("MATERIALIZER_TEST_SPARK_DEFAULTS", "1") != "0" and not {"SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"} & set(os.environ):
+    import shlex
+
+    cds.EMPTY_CONF.mkdir(parents=True, exist_ok=True)
+    os.environ["SPARK_CONF_DIR"] = str(cds.EMPTY_CONF)
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(SPARK_DEFAULTS))} pyspark-shell"
 
 # fixture -> markers it implies
 FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
@@ -71,6 +80,8 @@ FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
 JVM_TIERS = ("spark", "subprocess", "crash", "connect", "kafka")
 
 
+# First of the hooks: pytest-xdist's own (in each worker) reads the xdist_group markers added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -91,10 +102,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("slow")
         # Under pytest-xdist (`-n 2 --dist loadgroup`, the full run's: docs/tests.md) each worker is a process
         # with its own SparkSession and session fixtures: the tests of the Connect server, and those
-        # of the broker, go to one worker each (one server, one broker); the others go by file (a
-        # file's module fixtures are built once, its tests run in their order, as without xdist).
-        group = next((server for server in ("connect", "kafka") if item.get_closest_marker(server)), item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+        # of the broker, go to one worker each (one server, one broker: two Connect servers resolving
+        # Delta's jars into one fresh Ivy cache at once broke both), and a file's tests that share a
+        # module fixture to one worker (built once); every other test goes wherever a worker is free.
+        group = next((server for server in ("connect", "kafka") if item.get_closest_marker(server)), None)
+        if group is None and _uses_module_fixture(item):
+            group = item.nodeid.split("::")[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope == "module" for chain in defs for d in chain)
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +124,15 @@ def _tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
     node = request.node
     markers = {m for m in JVM_TIERS if node.get_closest_marker(m)}
     helpers.current_tiers = markers
+    if "subprocess" in markers and TEST_JVM_OPTIONS and helpers.OWN_SUBMIT_OPTS is None:
+        # Every JVM this test's processes start through spark-submit (a CLI run, the drill's runs, a
+        # SIGKILLed run) gets the short-lived JVMs' options, and maps the class-data sharing archive
+        # (tests/cds.py; made on the first such test of the machine). Not the shared session's or the
+        # Connect server's JVM: they start with helpers.long_lived_jvm_env.
+        options = TEST_JVM_OPTIONS
+        if os.environ.get("SPARK_CONF_DIR") == str(cds.EMPTY_CONF) and os.environ.get("MATERIALIZER_TEST_CDS", "1") != "0":
+            options = f"{options} {cds.archive_options(TEST_JVM_OPTIONS)}".strip()
+        monkeypatch.setenv("SPARK_SUBMIT_OPTS", options)
     if not markers:
         try:
             from pyspark.sql import SparkSession
@@ -125,12 +155,17 @@ def spark(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     warehouse = tmp_path_factory.mktemp("warehouse")
     # Spark's Kafka connector only when a selected test needs it (one JVM, its jars fixed at start).
     kafka = any(item.get_closest_marker("kafka") for item in request.session.items)
-    session = build_session(
-        "local[2]",
-        {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},
-        app_name="materializer-tests",
-        kafka=kafka,
-    )
+    with pytest.MonkeyPatch.context() as env:  # a long-lived JVM: not the CLI runs' C1-only options
+        if helpers.OWN_SUBMIT_OPTS is None:
+            env.delenv("SPARK_SUBMIT_OPTS", raising=False)
+        else:
+            env.setenv("SPARK_SUBMIT_OPTS", helpers.OWN_SUBMIT_OPTS)
+        session = build_session(
+            "local[2]",
+            {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},
+            app_name="materializer-tests",
+            kafka=kafka,
+        )
     yield session
     session.stop()
 
@@ -181,6 +216,12 @@ def _tree_cpu_seconds() -> float:
     return sum(times.get(pid, 0) for pid in below) / tick
 
 
+def _own_cpu_seconds() -> float:
+    """This Python process's own CPU seconds (pytest, the test's code, py4j's client, delta-rs)."""
+    times = os.times()
+    return times.user + times.system
+
+
 if _CPU_LOG:
 
     @pytest.hookimpl(hookwrapper=True)
@@ -188,12 +229,12 @@ if _CPU_LOG:
         import json
         import time
 
-        wall, cpu, tree = time.monotonic(), _machine_cpu_seconds(), _tree_cpu_seconds()
+        wall, cpu, tree, own = time.monotonic(), _machine_cpu_seconds(), _tree_cpu_seconds(), _own_cpu_seconds()
         yield
         record = {
             "test": item.nodeid, "start": round(time.time() - (time.monotonic() - wall), 1),
             "wall": round(time.monotonic() - wall, 2), "cpu": round(_machine_cpu_seconds() - cpu, 2),
-            "tree_cpu": round(_tree_cpu_seconds() - tree, 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            "tree_cpu": round(_tree_cpu_seconds() - tree, 2), "python_cpu": round(_own_cpu_seconds() - own, 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
             "markers": sorted({m.name for m in item.iter_markers()} & {"spark", "subprocess", "crash", "slow"}),
         }
         with open(_CPU_LOG, "a") as log:

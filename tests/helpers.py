@@ -69,25 +69,45 @@ def run_cli(
     ``schema``, a configuration error, no Java): allowed in any tier, and held to it by a
     ``JAVA_HOME`` that has no Java unless the test sets its own.
     """
-    full_env = dict(os.environ)
-    full_env.pop("MATERIALIZER_CRASH_AT", None)
-    # A CLI run's JVM lives seconds on tiny data: C1 alone and the serial collector (tests/conftest.py).
-    cli_jvm = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-    if cli_jvm:
-        full_env.setdefault("SPARK_SUBMIT_OPTS", cli_jvm)
     if jvm:
         require_subprocess_tier("run_cli starts the CLI and its JVM (or pass jvm=False)")
-    else:
-        full_env["JAVA_HOME"] = str(REPO / "no-jvm-in-this-tier")
-    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "materializer_cli", *args],
         cwd=cwd or REPO,
-        env=full_env,
+        env=cli_env(env, jvm=jvm),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def cli_env(env: dict[str, str] | None = None, *, jvm: bool = True) -> dict[str, str]:
+    """The environment of a CLI run the tests start: this one (without a crash point), ``env`` over it.
+
+    In the ``subprocess`` tier this environment carries the CLI runs' test-only JVM options
+    (``SPARK_SUBMIT_OPTS``: tests/conftest.py). ``jvm=False``: a ``JAVA_HOME`` that has no Java.
+    """
+    full_env = dict(os.environ)
+    full_env.pop("MATERIALIZER_CRASH_AT", None)
+    if not jvm:
+        full_env["JAVA_HOME"] = str(REPO / "no-jvm-in-this-tier")
+    full_env.update(env or {})
+    return full_env
+
+
+# What SPARK_SUBMIT_OPTS was before the tests set the CLI runs' options (tests/conftest.py): the long-lived
+# JVMs (the shared session, the Connect server) start with this one.
+OWN_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
+
+
+def long_lived_jvm_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the SPARK_SUBMIT_OPTS of before the tests (not the CLI runs' C1-only options)."""
+    env = dict(env)
+    if OWN_SUBMIT_OPTS is None:
+        env.pop("SPARK_SUBMIT_OPTS", None)
+    else:
+        env["SPARK_SUBMIT_OPTS"] = OWN_SUBMIT_OPTS
+    return env
 
 
 def table_rows(spark: Any, table: Path | str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -27,7 +27,7 @@ from materializer.recovery_log import RecoveryLog
 from materializer.runtime import TemplatedRuntime
 from materializer.storage import open_store
 from materializer.tables import TableRef
-from tests.helpers import REPO, delta_rs_rows, require_subprocess_tier, write_config
+from tests.helpers import REPO, cli_env, delta_rs_rows, require_subprocess_tier, write_config
 from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
 
 TOPICS = 50
@@ -102,8 +102,7 @@ def test_fifty_topics_of_one_pattern_killed_mid_apply_land_exactly(spark: Any, b
     # Epoch 3, run by the CLI and SIGKILLed (with its JVM) once some tables record it.
     for i in range(TOPICS):
         _wave(broker, _topic(i), 3, expected[f"t{i:02d}"])
-    env = {**os.environ, "SPARK_SUBMIT_OPTS": os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")}
-    env.pop("MATERIALIZER_CRASH_AT", None)
+    env = cli_env()
     run = subprocess.Popen(
         [sys.executable, "-m", "materializer_cli", "run", "--config", str(path)], cwd=REPO, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
