@@ -33,6 +33,13 @@ from hypothesis import settings
 
 from tests import cds, helpers
 
+# The servers' fixtures, defined once here for the whole run. A session fixture imported into each
+# test module that uses it is a fixture of each module: pytest kept one broker per module (ten Kafka
+# brokers alive at once in the full run) and one Connect server per module (three).
+from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: E402,F401
+from tests.kafka_broker import broker  # noqa: E402,F401
+from tests.s3server import s3_bucket, s3_env, s3_server  # noqa: E402,F401
+
 # CI draws the same examples every run (a verdict is reproducible, a red CI names a real failure);
 # a developer's run draws new ones each time, and a failure prints its blob to reproduce it.
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -16,7 +16,7 @@ from materializer.errors import SourceError
 from materializer.runtime import Runtime
 from materializer.tools import oracle
 from tests.helpers import InProcessCrash, Killed, binding, delta_rs_list, kill_before_dead_letters, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import kafka_binding, log_entries
 
 A1, A2, B1, C1 = {"id": 1, "v": 1}, {"id": 1, "v": 2}, {"id": 2, "v": 1}, {"id": 3, "v": 1}

@@ -21,7 +21,7 @@ from materializer.delta import TXN_APP_ID, TableRef, history, table_state
 from materializer.progress import ListCollector
 from materializer.runtime import Runtime
 from tests.random_collections import generate
-from tests.connect_server import ConnectServer, _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
+from tests.connect_server import ConnectServer
 from tests.helpers import REPO, assert_tables_equal_oracle, binding, delta_rs_list, run_cli, table_rows, write_config, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]

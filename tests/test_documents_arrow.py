@@ -15,7 +15,6 @@ import pytest
 from materializer.errors import SourceError
 from materializer.sources.document_check import VALIDATOR_CONF
 from tests.test_documents import declared, write
-from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 from tests.test_documents_one_pass import staged_then_verified
 
 pytestmark = pytest.mark.spark

@@ -22,7 +22,7 @@ from materializer.runtime import Runtime
 from materializer.sources.kafka import plan_epoch, share
 from materializer.storage import open_store
 from tests.helpers import run_cli, table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 
 # --- epoch ranges: no broker, no JVM ----------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from materializer.runtime import Runtime
 from materializer.sources.kafka import Offsets
 from materializer.storage import open_store
 from tests.helpers import write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_cdcv2 import Killed, _raise_killed, _table, encode, mangle, oracle, random_history
 from tests.test_kafka import _source, kafka_binding, log_entries
 

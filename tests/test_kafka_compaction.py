@@ -21,7 +21,7 @@ from materializer.sources.kafka import CompactionLag, compaction_lags, compactio
 from materializer.tools.status import pipeline_status
 from materializer.tools.oracle_kafka import read_topic
 from tests.helpers import write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import kafka_binding
 from tests.test_kafka_transactions import delta_rs_rows
 

@@ -13,7 +13,7 @@ import pytest
 from materializer.config import load_config, parse_config
 from materializer.runtime import Runtime
 from tests.helpers import Killed, delta_rs_list, kill_before_dead_letters, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding, log_entries
 from tests.test_kafka_transactions import delta_rs_rows
 

@@ -13,7 +13,7 @@ from materializer.runtime import Runtime
 from materializer.sources.kafka import KafkaSource, KafkaReader
 from materializer.storage import open_store
 from tests.helpers import table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import kafka_binding
 
 

@@ -14,7 +14,7 @@ from materializer.config import load_config, parse_config
 from materializer.errors import ConfigError, SourceError
 from materializer.runtime import Runtime
 from tests.helpers import table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding
 from tests.test_kafka_transactions import delta_rs_rows
 

@@ -12,7 +12,7 @@ import pytest
 from materializer.config import parse_config
 from materializer.tools.oracle_kafka import documents_of
 from tests.helpers import write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_drill import _drill
 from tests.test_kafka import _source, kafka_binding, produce, wave
 

@@ -13,7 +13,7 @@ from materializer.errors import ConfigError
 from materializer.runtime import Runtime
 from materializer.sources.kafka import Plan, byte_budgets, cut_by_bytes
 from tests.helpers import table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding, log_entries, oracle, produce
 
 

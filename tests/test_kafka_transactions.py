@@ -19,7 +19,7 @@ from materializer.errors import ConfigError
 from materializer.runtime import Runtime
 from materializer.sources.kafka import Offsets
 from tests.helpers import run_cli, table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding, log_entries
 
 

@@ -18,7 +18,7 @@ import pytest
 from materializer.recovery_log import RecoveryLog
 from materializer.storage import open_store
 from tests.helpers import assert_tables_equal_oracle, binding, run_cli, write_config, write_jsonl
-from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
+from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

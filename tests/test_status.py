@@ -15,7 +15,6 @@ from materializer.delta import TableRef, read_txn_without_spark, table_state
 from materializer.runtime import Runtime
 from materializer.tools.status import pipeline_status
 from tests.helpers import binding, run_cli, write_config, write_jsonl
-from tests.s3server import s3_bucket, s3_env, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
 

@@ -19,7 +19,7 @@ from materializer.recovery_log import RecoveryLog, entry_path
 from materializer.storage import Store, is_s3, open_store
 from materializer.storage.local import LocalStore
 from materializer.storage.s3 import S3Store, parse_uri
-from tests.s3server import S3Server, s3_bucket, s3_env, s3_server  # noqa: F401 - fixtures
+from tests.s3server import S3Server
 
 StoreFactory = Callable[[str], Store]
 

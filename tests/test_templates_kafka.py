@@ -28,7 +28,7 @@ from materializer.runtime import TemplatedRuntime
 from materializer.storage import open_store
 from materializer.tables import TableRef
 from tests.helpers import REPO, cli_env, delta_rs_rows, require_subprocess_tier, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 
 TOPICS = 50
 PIPELINE = "fleet-kafka"

@@ -27,7 +27,7 @@ from materializer.runtime import TemplatedRuntime
 from materializer.storage import open_store
 from materializer.tables import TableRef
 from tests.helpers import InProcessCrash, delta_rs_rows, table_rows, write_config
-from tests.kafka_broker import Broker, broker  # noqa: F401 - the session fixture
+from tests.kafka_broker import Broker
 
 PIPELINE = "routed"
 TOPIC = "shop.routed"

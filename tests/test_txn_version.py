@@ -21,7 +21,6 @@ from materializer.delta import (
 )
 from materializer.delta.txn_log import _complete_checkpoint
 from materializer.delta.writers import _writers_from_log
-from tests.connect_server import _connect_session, connect_server, connect_spark  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.spark
 
