@@ -163,10 +163,11 @@ def spark(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     # Spark's Kafka connector only when a selected test needs it (one JVM, its jars fixed at start).
     kafka = any(item.get_closest_marker("kafka") for item in request.session.items)
     with pytest.MonkeyPatch.context() as env:  # a long-lived JVM: not the CLI runs' C1-only options
-        if helpers.OWN_SUBMIT_OPTS is None:
+        options = helpers.long_lived_jvm_env(dict(os.environ)).get("SPARK_SUBMIT_OPTS")
+        if options is None:
             env.delenv("SPARK_SUBMIT_OPTS", raising=False)
         else:
-            env.setenv("SPARK_SUBMIT_OPTS", helpers.OWN_SUBMIT_OPTS)
+            env.setenv("SPARK_SUBMIT_OPTS", options)
         session = build_session(
             "local[2]",
             {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},

@@ -95,18 +95,23 @@ def cli_env(env: dict[str, str] | None = None, *, jvm: bool = True) -> dict[str,
     return full_env
 
 
-# What SPARK_SUBMIT_OPTS was before the tests set the CLI runs' options (tests/conftest.py): the long-lived
-# JVMs (the shared session, the Connect server) start with this one.
+# What SPARK_SUBMIT_OPTS was before the tests set the CLI runs' options (tests/conftest.py).
 OWN_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
+# The long-lived JVMs' own test-only option: the throughput collector. G1's concurrent threads and
+# write barriers cost the shared session's JVM 13% of its CPU over a full run (docs/tests.md).
+LONG_LIVED_JVM_OPTIONS = os.environ.get("MATERIALIZER_TEST_LONG_JVM_OPTIONS", "-XX:+UseParallelGC")
 
 
 def long_lived_jvm_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the SPARK_SUBMIT_OPTS of before the tests (not the CLI runs' C1-only options)."""
+    """``env`` for a JVM that lives the whole run (the shared session, the Connect server): the
+    developer's own SPARK_SUBMIT_OPTS if any, else :data:`LONG_LIVED_JVM_OPTIONS` (not the CLI
+    runs' C1-only options)."""
     env = dict(env)
-    if OWN_SUBMIT_OPTS is None:
-        env.pop("SPARK_SUBMIT_OPTS", None)
+    options = OWN_SUBMIT_OPTS if OWN_SUBMIT_OPTS is not None else LONG_LIVED_JVM_OPTIONS
+    if options:
+        env["SPARK_SUBMIT_OPTS"] = options
     else:
-        env["SPARK_SUBMIT_OPTS"] = OWN_SUBMIT_OPTS
+        env.pop("SPARK_SUBMIT_OPTS", None)
     return env
 
 

@@ -61,3 +61,17 @@ def test_the_full_runs_xdist_groups_reach_the_scheduler() -> None:
     grouped = [(worker, test) for worker, test in ran if test.endswith("@tests/test_bundle.py")]
     assert len(grouped) == 2, f"the two tests of the module fixture `validator` are not grouped: {ran}"
     assert len({worker for worker, _ in grouped}) == 1, f"one group, several workers: {grouped}"
+
+
+def test_the_shared_session_runs_the_long_lived_jvms_collector(spark) -> None:  # type: ignore[no-untyped-def]
+    """The shared session's JVM gets LONG_LIVED_JVM_OPTIONS (tests/helpers.py), not the CLI runs' C1-only ones."""
+    from tests import helpers
+
+    if helpers.OWN_SUBMIT_OPTS is not None or helpers.LONG_LIVED_JVM_OPTIONS != "-XX:+UseParallelGC":
+        pytest.skip("a SPARK_SUBMIT_OPTS or MATERIALIZER_TEST_LONG_JVM_OPTIONS of the developer's own")
+    jvm = spark.sparkContext._jvm
+    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    names = {beans.get(i).getName() for i in range(beans.size())}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" not in arguments, arguments
