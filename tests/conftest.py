@@ -119,6 +119,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+# A run with few subprocess tests (the quick one has seven) maps the CLI runs' CDS archive if this
+# machine has one, and does not make one: making it costs more than those few runs would save.
+CDS_WORTH_MAKING = 15
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    cds.make = sum(1 for item in session.items if item.get_closest_marker("subprocess")) >= CDS_WORTH_MAKING
+
+
 def _uses_module_fixture(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
