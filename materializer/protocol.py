@@ -143,7 +143,8 @@ class Store(Model):
     binding: str
     documents: Any
     """A DataFrame of the epoch's fully reduced (standard) or combined (delta-updates) rows,
-    with the operation in column ``_op`` ('u' upsert, 'd' delete)."""
+    with the operation in column ``_op`` ('u' upsert, 'd' delete); None: no row this epoch (every
+    document a dead letter), its table is not written."""
     rejected: Any = None
     """``on_invalid: dead_letter``: a DataFrame of the epoch's invalid documents (None: none)."""
 

@@ -150,3 +150,60 @@ def parse_config_file(path: Path) -> Any:
     from materializer.config import load_config
 
     return load_config(path)
+
+
+@pytest.mark.spark
+def test_bindings_sharing_one_dead_letter_table_each_land_their_rejects_once(spark: Any, tmp_path: Path) -> None:
+    """One dead-letter table for several bindings (its ``binding`` column tells them apart): the
+    epoch's rejects of all of them land, each once, in one commit under the epoch's txn id, also
+    when the run is cut short between the tables and the dead letters. (Before, each binding
+    appended under the same txn id and version, and Delta skipped the second: its rejects were lost.)"""
+    from deltalake import DeltaTable
+
+    from tests.helpers import Killed as KilledThread, delta_rs_list, kill_before_dead_letters
+
+    dead = tmp_path / "tables" / "rejects"
+    _source(tmp_path / "a", lines=['{"id": 1}', "broken a"])
+    _source(tmp_path / "b", lines=["broken b", '{"id": 2}'])
+    bindings = [
+        binding(name, tmp_path / name, tmp_path / "tables" / name, on_invalid="dead_letter", dead_letter_table=str(dead))
+        for name in ("a", "b")
+    ]
+    config = config_with(tmp_path, bindings, transaction={"max_documents": 1000, "parallel_bindings": 2})
+    runtime = Runtime(config, spark)
+    kill_before_dead_letters(runtime, epoch=1)
+    with pytest.raises(KilledThread):
+        runtime.run()
+    assert last_epoch(config) == 1 and not dead.exists()
+    Runtime(config, spark).run()
+    _source(tmp_path / "a", "a2.jsonl", ["broken a2"])
+    _source(tmp_path / "b", "b2.jsonl", ["broken b2"])
+    Runtime(config, spark).run()
+    expected = [("a", 1, 2, "broken a"), ("a", 2, 1, "broken a2"), ("b", 1, 1, "broken b"), ("b", 2, 1, "broken b2")]
+    assert [(b, e, line, d) for b, e, _f, line, _r, d in _dead(spark, dead)] == expected
+    assert sorted((r["binding"], r["epoch"], r["line"], r["document"]) for r in delta_rs_list(dead)) == expected
+    assert DeltaTable(str(dead)).transaction_version("test-pipeline") == 2
+    assert table_rows(spark, tmp_path / "tables" / "a", ["id"]) == {(1,): {"id": 1}}
+
+    # A dead-letter table that is another binding's table is refused before anything is read.
+    clash = [bindings[0], {**bindings[1], "dead_letter_table": str(tmp_path / "tables" / "a")}]
+    with pytest.raises(ConfigError, match="dead_letter_table .* is the table of binding 'a'"):
+        Runtime(config_with(tmp_path / "clash", clash), spark).run()
+
+
+@pytest.mark.spark
+def test_an_epoch_whose_every_document_is_a_dead_letter_commits_its_position_and_writes_no_row(spark: Any, tmp_path: Path) -> None:
+    """Nothing valid to stage (no type for the key either): the table is not written (not made,
+    on a first epoch), the dead letters land, and the next file goes on from there. Before, the
+    staging failed on a key column that the empty epoch's rows did not have."""
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src", "a.jsonl", ["broken", '{"v": "no key"}'])
+    _source(tmp_path / "src", "b.jsonl", ["", "  "])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter")])
+    Runtime(config, spark).run()
+    assert last_epoch(config) == 2 and not table.exists()
+    _source(tmp_path / "src", "c.jsonl", ['{"id": 1, "v": "a"}', "broken c"])
+    Runtime(config, spark).run()
+    assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "v": "a"}}
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(e, f, line) for _b, e, f, line, _r, _d in dead] == [(1, "a.jsonl", 1), (1, "a.jsonl", 2), (3, "c.jsonl", 2)]

@@ -497,3 +497,23 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     for text in failing[:3] + failing[-2:]:
         with pytest.raises(Exception, match="INVALID_VARIANT_CAST"):
             df.where(F.col("t") == text).select(typed(F.col("x"), dtype).alias("got")).collect()
+
+
+@pytest.mark.spark
+def test_a_file_of_blank_lines_or_no_bytes_is_an_epoch_of_no_rows_and_the_next_file_goes_on(spark: Any, tmp_path: Path) -> None:
+    """A file with no document (blank lines, or empty) holds nothing to type the key by: its epoch
+    stages no row and commits its position. Before, staging failed on the missing key column,
+    every run again, so the pipeline was stuck on that file."""
+    from materializer.runtime import Runtime
+    from tests.helpers import binding, delta_rs_rows, table_rows
+    from tests.test_holes import config_with, last_epoch
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("\n \n")
+    (src / "b.jsonl").write_text("")
+    (src / "c.jsonl").write_text('{"id": 1, "v": "x"}\n')
+    config = config_with(tmp_path, [binding("items", src, tmp_path / "t")])
+    Runtime(config, spark).run()
+    assert last_epoch(config) >= 2
+    assert table_rows(spark, tmp_path / "t", ["id"]) == delta_rs_rows(tmp_path / "t", ["id"]) == {(1,): {"id": 1, "v": "x"}}

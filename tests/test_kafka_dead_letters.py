@@ -82,3 +82,11 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
     Runtime(config, spark).run()
     assert [r[1:5] for r in _dead(tables / "docs_dead_letters")] == [(1, "dl", 0, 1), (1, "dl", 0, 2), (1, "dl", 1, 1), (2, "dl", 0, 3)]
     assert sorted(delta_rs_rows(tables / "docs")) == [1, 2, 5]
+
+    # An epoch whose every record is a dead letter: no row to stage (no type for the key), its
+    # position and its dead letters committed. Before, the staging failed on the missing key column.
+    broker.produce("dl", [(b"6", b"not json either", 1)])
+    Runtime(config, spark).run()
+    assert max(log_entries(config)) == 3
+    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")][-1] == (3, "dl", 1, 3)
+    assert sorted(delta_rs_rows(tables / "docs")) == [1, 2, 5]

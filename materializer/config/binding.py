@@ -83,7 +83,8 @@ class BindingConfig(Model):
     contradict each other still stops the run (docs: 'The cdcv2 source')."""
     dead_letter_table: str | None = None
     """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
-    name with ``_dead_letters`` appended)."""
+    name with ``_dead_letters`` appended). Several bindings may share one (its ``binding`` column
+    tells their rows apart); it may not be a binding's table."""
 
     view: str | None = None
     """A catalog name (``catalog.schema.view``, ``schema.view`` or ``view``) for a view of the

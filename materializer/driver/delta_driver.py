@@ -71,6 +71,8 @@ class DeltaDriver(Driver):
         self._prestaged: dict[str, tuple[DataFrame, StagedFile | None]] = {}
         self._loads: list[Load] = []
         self._acknowledged: int | None = None
+        self._dead_letter_tables: dict[str, str] | None = None
+        """Per dead-lettering binding, its dead-letter table's identity (several may share one)."""
         from materializer.spark import isolated_session
 
         self.parallel = config.transaction.parallel_bindings
@@ -114,7 +116,7 @@ class DeltaDriver(Driver):
     def validate(self) -> None:
         """Before Open (so a wrong configuration fences no running writer): two bindings on one
         table, and a session default that every table we create would inherit."""
-        self.open_checks.check_distinct_tables()
+        self._dead_letter_tables = self.open_checks.check_distinct_tables()
         self.open_checks.check_retention_default()
 
     # --- Acknowledge ---
@@ -143,12 +145,6 @@ class DeltaDriver(Driver):
                 with self._lock:
                     self._txn_proven.add(binding.name)
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
-            rejected = checkpoint.dead_letters.get(binding.name)
-            if rejected is not None:
-                # crash here leaves the table applied and its dead letters not: the re-apply skips
-                # the table and appends them (their own txn record on the dead-letter table)
-                crash.crash_point("after-apply", epoch)
-                writer.append_dead_letters(binding, epoch, rejected)
             return result
 
         def between_tables(_binding: BindingConfig, _result: ApplyResult, unfinished: int) -> None:
@@ -162,6 +158,19 @@ class DeltaDriver(Driver):
             todo, apply, workers=self._apply_workers(len(todo)), name="materializer-apply",
             after_each=between_tables, label=lambda b: f"binding {b.name} (epoch {epoch}'s apply)",
         )
+        groups = self._dead_letter_groups([b for b in todo if checkpoint.dead_letters.get(b.name) is not None])
+        if groups:
+            # crash here leaves the tables applied and the dead letters not: the re-apply skips the
+            # tables and appends them (their own txn record on each dead-letter table)
+            crash.crash_point("after-apply", epoch)
+
+            def append(group: list[BindingConfig], slot: int) -> ApplyResult:
+                return self._writer(slot).append_dead_letters(group, epoch, [checkpoint.dead_letters[b.name] for b in group])
+
+            run_each(
+                groups, append, workers=self._apply_workers(len(groups)), name="materializer-apply",
+                label=lambda g: f"the dead letters of {', '.join(b.name for b in g)} (epoch {epoch}'s apply)",
+            )
         # crash here leaves every table applied and the staged files in place: the next Open keeps
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
         crash.crash_point("after-ack-before-gc", epoch)
@@ -189,6 +198,19 @@ class DeltaDriver(Driver):
         sessions = {id(s): s for s in [self.spark, self.apply_spark, *[w.apply_spark for w in self._writers]]}
         for session in sessions.values():
             session.conf.get("spark.sql.session.timeZone")
+
+    def _dead_letter_groups(self, bindings: list[BindingConfig]) -> list[list[BindingConfig]]:
+        """``bindings`` by dead-letter table: one append per table and epoch, so bindings that share
+        one land their rejects together under the epoch's txn id (two appends of one epoch would
+        carry the same txn version, and Delta would skip the second)."""
+        if not bindings:
+            return []
+        if self._dead_letter_tables is None:
+            self._dead_letter_tables = self.open_checks.check_distinct_tables()
+        groups: dict[str, list[BindingConfig]] = {}
+        for binding in bindings:
+            groups.setdefault(self._dead_letter_tables[binding.name], []).append(binding)
+        return list(groups.values())
 
     def _apply_workers(self, bindings: int) -> int:
         return 1 if self._shared_session else max(1, min(self.parallel, bindings))
@@ -245,7 +267,8 @@ class DeltaDriver(Driver):
     # --- Store / StartCommit ---
 
     def store(self, message: Store) -> None:
-        self._stored[message.binding] = dataframe(message.documents)
+        if message.documents is not None:  # None: no row this epoch (its dead letters only)
+            self._stored[message.binding] = dataframe(message.documents)
         if message.rejected is not None:
             self._rejected[message.binding] = dataframe(message.rejected)
 

@@ -33,9 +33,12 @@ class OpenChecks:
         self.config = config
         self.staging_area = staging_area
 
-    def check_distinct_tables(self) -> None:
+    def check_distinct_tables(self) -> dict[str, str]:
         """Two bindings on one table, however spelled (DESIGN invariant 10): their MERGEs would carry
-        the same txn id and version, and Delta would skip the second binding's rows."""
+        the same txn id and version, and Delta would skip the second binding's rows. A dead-letter
+        table is no binding's table either; several bindings may share one (its ``binding`` column
+        tells their rows apart; the driver appends an epoch's rejects of all of them in one commit).
+        Returns each dead-lettering binding's dead-letter table, as :func:`table_identity`."""
         seen: dict[str, str] = {}
         for binding in self.config.bindings:
             identity = table_identity(self.spark, TableRef(binding.table))
@@ -47,6 +50,20 @@ class OpenChecks:
                     "own table. Nothing was started."
                 )
             seen[identity] = binding.name
+        dead: dict[str, str] = {}
+        for binding in self.config.bindings:
+            if binding.dead_letters is None:
+                continue
+            identity = table_identity(self.spark, TableRef(binding.dead_letters))
+            if identity in seen:
+                raise ConfigError(
+                    f"binding {binding.name!r}'s dead_letter_table {binding.dead_letters!r} is the table of binding "
+                    f"{seen[identity]!r} ({identity}): its rejects and that binding's rows would be written under one "
+                    "txn id and epoch, and Delta would skip the second. Give the dead letters a table of their own "
+                    "(several bindings may share one). Nothing was started."
+                )
+            dead[binding.name] = identity
+        return dead
 
     def check_tables(self, last_epoch: int, checkpoint: DriverCheckpoint | None) -> None:
         """Once per run, before anything is written: what each table records must be ours.

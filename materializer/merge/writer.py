@@ -241,20 +241,29 @@ class DeltaWriter(TableWrites):
                 raise ApplyError(refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
-    def append_dead_letters(self, binding: BindingConfig, epoch: int, staged: StagedFile) -> ApplyResult:
-        """Append the epoch's rejected documents to the binding's dead-letter table, under the
-        epoch's txn id: Delta skips a replay, so each lands once (docs: 'Dead letters')."""
-        assert binding.dead_letters is not None
-        table = TableRef(binding.dead_letters)
+    def append_dead_letters(self, bindings: list[BindingConfig], epoch: int, staged: list[StagedFile]) -> ApplyResult:
+        """Append the epoch's rejected documents of ``bindings`` (one dead-letter table, shared or
+        not; ``staged`` in the same order) in one commit under the epoch's txn id: Delta skips a
+        replay, so each lands once (docs: 'Dead letters'). One commit for all of them, because two
+        appends of one epoch to one table would carry the same txn version and Delta would skip
+        the second."""
+        assert bindings and len(bindings) == len(staged) and bindings[0].dead_letters is not None
+        table = TableRef(bindings[0].dead_letters)
+        name = "+".join(b.name for b in bindings)
         app_id = self.config.pipeline_id
-        props = self.properties(binding.name + DEAD_LETTER_SUFFIX, epoch)
+        props = self.properties(name + DEAD_LETTER_SUFFIX, epoch)
+        rows_staged = sum(f.rows for f in staged)
         began = time.monotonic()
         for _attempt in range(props.max_retries):
             state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
-                result = ApplyResult(binding=binding.name, table=str(table), status="skipped", delta_version=state.version)
+                result = ApplyResult(binding=name, table=str(table), status="skipped", delta_version=state.version)
                 break
-            rows = self.staging_area.read(self.apply_spark, binding, epoch, staged)
+            parts = [self.staging_area.read(self.apply_spark, b, epoch, f) for b, f in zip(bindings, staged)]
+            rows = parts[0]
+            for part in parts[1:]:
+                # documents' and kafka's dead letters differ in columns: one table holds both
+                rows = rows.unionByName(part, allowMissingColumns=True)
             writer = rows.write.format("delta").mode("append").options(**props.writer_options())
             try:
                 with self.transaction(props):
@@ -262,14 +271,19 @@ class DeltaWriter(TableWrites):
             except Exception as exc:  # noqa: BLE001
                 if is_commit_conflict(exc):
                     continue
-                raise ApplyError(refused(app_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
+                raise ApplyError(
+                    f"epoch {epoch}: Delta refused to append the dead letters of {', '.join(b.name for b in bindings)} to "
+                    f"{table}: {cause(exc)}. Nothing of them was appended; the epoch stays committed, so every run stops "
+                    "here until they are. Fix the dead-letter table (its schema, its constraints), then run again.",
+                    epoch=epoch, binding=name,
+                ) from exc
             result = ApplyResult(
-                binding=binding.name, table=str(table), status="applied", rows=staged.rows,
-                delta_version=latest_version(self.apply_spark, table), metrics={"dead_letters": staged.rows},
+                binding=name, table=str(table), status="applied", rows=rows_staged,
+                delta_version=latest_version(self.apply_spark, table), metrics={"dead_letters": rows_staged},
             )
             break
         else:
-            raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+            raise StagingError(f"epoch {epoch}, binding {name}: concurrent commits kept conflicting; run again")
         self.collector.emit(events.DeadLettersApplied.of(result, epoch=epoch, seconds=time.monotonic() - began))
         return result
 

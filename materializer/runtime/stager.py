@@ -90,7 +90,7 @@ class EpochStager:
         with _explained(batches), self.collector.span("prestage", epoch):
             for name, batch in batches.items():
                 binding = self.config.binding(name)
-                if reductions.independent_of_table(binding):
+                if batch.documents is not None and reductions.independent_of_table(binding):
                     rows = reductions.reduce(batch.documents, None, binding)
                     self.driver.prestage(Store(binding=name, documents=rows), epoch)
                     prestaged[name] = rows
@@ -116,7 +116,7 @@ class EpochStager:
             # --- Load / Flush / Loaded / Flushed ---
             for name in names:
                 binding = self.config.binding(name)
-                if binding.needs_loads:
+                if binding.needs_loads and batches[name].documents is not None:
                     keys = batches[name].documents.select(*[F.col(quote(k)) for k in binding.key])
                     self.driver.load(Load(binding=name, keys=keys))
             flushed = self.driver.flush(Flush())
@@ -126,7 +126,7 @@ class EpochStager:
             for name in names:
                 batch = batches[name]
                 rows = prestaged.get(name)
-                if rows is None:
+                if rows is None and batch.documents is not None:
                     rows = reductions.reduce(batch.documents, loaded.get(name), self.config.binding(name))
                 self.driver.store(Store(binding=name, documents=rows, rejected=batch.rejected))
 

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class SourceBatch:
-    documents: "DataFrame"
-    """The batch's documents: fields, ``_op``, ``_seq``."""
+    documents: "DataFrame | None"
+    """The batch's documents: fields, ``_op``, ``_seq``. None: it has none to stage (every one was
+    set aside as a dead letter), though its position and its dead letters are committed."""
     checkpoint: dict[str, Any]
     """Where the source stands after this batch."""
     count: int

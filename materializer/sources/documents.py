@@ -233,7 +233,9 @@ class DocumentsSource(Source):
         return SourceBatch(
             rejected=reader.rejected() if reader.bad_files else None,
             rejected_count=reader.bad,
-            documents=reader.rows(parsed, schema),
+            # No document (blank lines only), or every one a dead letter: no row, and no type for
+            # the key to stage one with; the position (and the dead letters) are committed.
+            documents=None if reader.bad == count else reader.rows(parsed, schema),
             checkpoint=plan.checkpoint(),
             count=count,
             description=plan.description(),
