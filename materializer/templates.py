@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from materializer.config import BindingConfig, BindingTemplate, PipelineConfig, routed_values
+from materializer.config import BindingConfig, BindingTemplate, PipelineConfig, routed_found, routed_values
 from materializer.errors import ConfigError, SourceError
 from materializer.storage import local_path, open_store
 from materializer.tables import TableRef, config_identity
@@ -92,9 +92,52 @@ def values_for(template: BindingTemplate, found: str) -> dict[str, str] | None:
     return values
 
 
+UNROUTED_SUFFIX = "__unrouted"
+"""Ends the name of the binding a ``route_by`` template makes for the records that name no table."""
+
+
+def unrouted_found(topic: str) -> str:
+    """What the binding for topic ``topic``'s records that name no table is made from: a
+    :func:`routed_found` without values."""
+    return routed_found(topic, {})
+
+
+def takes(template: BindingTemplate, found: str) -> bool:
+    """Whether ``template`` makes a binding from ``found`` (a routed table's, or the one for the
+    records of its topic that name no table)."""
+    if values_for(template, found) is not None:
+        return True
+    return template.unrouted_dead_letters is not None and found == unrouted_found(template.source.topic or "")
+
+
+def _make_unrouted(template: BindingTemplate, index: int, found: str) -> Made | None:
+    """The binding for the records of a ``route_by`` template's topic that name no table: it
+    reads every range its routed tables read, keeps those records only, and sets each aside as
+    a dead letter in the template's dead-letter table; its own table is never written."""
+    dead_letters = template.unrouted_dead_letters
+    topic = template.source.topic or ""
+    if dead_letters is None or found != unrouted_found(topic):
+        return None
+    name = re.sub(r"[^A-Za-z0-9_]", "_", topic) + UNROUTED_SUFFIX
+    if not _IDENT.match(name):
+        name = "_" + name
+    data = template.model_dump(by_alias=True, exclude_unset=True, exclude={"name", "source", "on_missing", "view", "view_internal_columns"})
+    source = template.source.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in", "route_by"})
+    source.update(topic=topic, unrouted=sorted((template.source.route_by or {}).values()))
+    data.update(name=name, table=dead_letters + UNROUTED_SUFFIX, dead_letter_table=dead_letters, source=source)
+    try:
+        binding = BindingConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'binding'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"templates[{index}]: the binding for topic {topic!r} records that name no table is invalid: {problems}") from None
+    return Made(index, source_id(template, found), binding)
+
+
 def make(config: PipelineConfig, index: int, found: str) -> Made | None:
     """The binding template ``index`` makes for topic or sub-folder ``found`` (None: not its own)."""
     template = config.templates[index]
+    if template.source.route_by is not None and routed_values(found)[1] == {}:
+        return _make_unrouted(template, index, found)
     values = values_for(template, found)
     if values is None:
         return None

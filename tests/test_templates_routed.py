@@ -268,3 +268,99 @@ def test_route_by_makes_a_binding_per_value_and_keeps_every_recorded_one() -> No
     ]:
         with pytest.raises(ValidationError, match=re.escape(words)):
             pipeline(**source)
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_records_that_name_no_table_are_dead_letters_with_one_dead_letter_table(
+    spark: Any, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_invalid: dead_letter`` and a dead-letter table without placeholders: a record that names
+    no table no longer stops every table; it lands once in that table (binding ``<topic>__unrouted``),
+    beside the routed tables' own rejects, also from a range of nothing else, and also when the
+    apply is cut between the tables and the dead letters."""
+    from tests.helpers import delta_rs_list
+
+    topic_name = "shop.unrouted"
+    broker.create_topic(topic_name, 1)
+    no_table = json.dumps({"before": None, "after": {"id": 9}, "op": "c", "source": {"schema": "public"}}).encode()
+    dead = tmp_path / "tables" / "rejects"
+    config = _config(tmp_path, broker, topic_name, max_records=4)
+    data = config.templates[0].model_dump(by_alias=True, exclude_unset=True)
+    config = load_config(write_config(
+        tmp_path, [], pipeline_id=PIPELINE, templates=[{**data, "on_invalid": "dead_letter", "dead_letter_table": str(dead)}],
+    ))
+    tables = tmp_path / "tables" / "public"
+    log = RecoveryLog(open_store(config.recovery_log), PIPELINE)
+
+    # Epoch 1 (offsets 0-3): a change, a record of no table, a tombstone (no change of any table:
+    # passed over, not a dead letter), a change that is no JSON. Epoch 2 (4-7): a change of orders
+    # whose op is not a change, and three records of no table.
+    broker.produce(topic_name, [
+        (b"1", _event("customers", "c", {"id": 1, "name": "ann"}), 0), (b"9", no_table, 0), (b"1", None, 0), (b"x", b"{nope", 0),
+        (b"2", json.dumps({"op": "t", "source": {"schema": "public", "table": "orders"}}).encode(), 0),
+        (b"9", no_table, 0), (b"9", no_table, 0), (b"9", b"[]", 0),
+    ])
+    killed = InProcessCrash(monkeypatch, "after-apply:2")
+    frozen = killed.run(lambda: TemplatedRuntime(config, spark).run(), timeout=400)
+    try:
+        assert log.read().last_epoch == 2
+        killed.disarm()
+        summary = TemplatedRuntime(config, spark).run()
+        assert summary.reapplied is not None and summary.epochs == []
+    finally:
+        killed.thaw()
+        frozen.join(timeout=120)
+
+    # Epoch 3: records of no table only (a range no table's binding reads).
+    broker.produce(topic_name, [(b"9", no_table, 0), (b"9", no_table, 0)])
+    summary = TemplatedRuntime(config, spark).run()
+    assert [e.epoch for e in summary.epochs] == [3]
+
+    assert delta_rs_rows(tables / "customers", ["id"]) == table_rows(spark, tables / "customers", ["id"]) == {(1,): {"id": 1, "name": "ann"}}
+    assert not (tables / "orders").exists()  # its only record is a dead letter
+    rows = sorted((r["epoch"], r["offset"], r["binding"], r["reason"]) for r in delta_rs_list(dead))
+    assert [(e, o, b) for e, o, b, _ in rows] == [
+        (1, 1, "shop_unrouted__unrouted"), (1, 3, "shop_unrouted__unrouted"),
+        (2, 4, "public_orders"), (2, 5, "shop_unrouted__unrouted"), (2, 6, "shop_unrouted__unrouted"), (2, 7, "shop_unrouted__unrouted"),
+        (3, 8, "shop_unrouted__unrouted"), (3, 9, "shop_unrouted__unrouted"),
+    ]
+    assert all("names no table" in r for e, o, b, r in rows if b.endswith("__unrouted")) and "op 't'" in rows[2][3]
+    assert sorted(r["epoch"] for r in spark.read.format("delta").load(str(dead)).collect()) == [e for e, *_ in rows]
+    assert not Path(str(dead) + "__unrouted").exists()  # the binding of records that name no table writes no row
+    assert log.read().last_commit.runtime_checkpoint["shop_unrouted__unrouted"]["offsets"] == {topic_name: {"0": 10}}
+
+
+def test_the_binding_for_records_that_name_no_table_is_made_only_with_one_dead_letter_table() -> None:
+    """Unit tier: with ``on_invalid: dead_letter`` and a dead-letter table without placeholders a
+    route_by template makes one more binding, for its topic's records that name no table; with a
+    dead-letter table per table (placeholders), none (such a record stops the run)."""
+    from materializer import templates
+    from materializer.config import PipelineConfig
+
+    def pipeline(dead_letter_table: str) -> PipelineConfig:
+        return PipelineConfig.model_validate({
+            "pipeline_id": "p", "recovery_log": "/tmp/r/log", "staging": "/tmp/r/staging",
+            "templates": [{
+                "name": "{table}", "table": "/tmp/r/tables/{table}", "key": ["id"], "on_invalid": "dead_letter",
+                "dead_letter_table": dead_letter_table,
+                "source": {"format": "kafka", "bootstrap_servers": "h:9092", "payload": "debezium", "topic": "cdc.all",
+                           "route_by": {"table": "source.table"}},
+            }],
+        })
+
+    unrouted = templates.unrouted_found("cdc.all")
+    config = pipeline("/tmp/r/rejects")
+    expansion = templates.expand(config, {0: [unrouted, routed_found("cdc.all", {"table": "orders"})]})
+    made = {b.name: b for b in expansion.config.bindings}
+    assert set(made) == {"cdc_all__unrouted", "orders"}
+    carrier = made["cdc_all__unrouted"]
+    assert (carrier.source.unrouted, carrier.source.routed, carrier.dead_letters) == (["source.table"], None, "/tmp/r/rejects")
+    assert made["orders"].dead_letters == "/tmp/r/rejects"
+    assert templates.takes(config.templates[0], unrouted)
+    # Recorded, it is made again for a replay (its records' position is the topic's too).
+    assert templates.expand(config, {}, {"cdc_all__unrouted": f"route:{unrouted}"}).missing == {}
+
+    per_table = pipeline("/tmp/r/rejects/{table}")
+    assert templates.make(per_table, 0, unrouted) is None and not templates.takes(per_table.templates[0], unrouted)

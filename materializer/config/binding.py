@@ -123,6 +123,8 @@ class BindingConfig(Model):
             raise ValueError(f"properties: {problem}. Remove it")
         if self.dead_letter_table is not None and self.on_invalid != "dead_letter":
             raise ValueError("dead_letter_table is for on_invalid: dead_letter")
+        if self.source.unrouted is not None and self.on_invalid != "dead_letter":
+            raise ValueError("source.unrouted is for on_invalid: dead_letter (every record it keeps is a dead letter)")
         if self.view is not None:
             if not _VIEW_NAME.match(self.view):
                 raise ValueError(

@@ -90,6 +90,11 @@ class SourceConfig(Model):
     envelope unwrapped), the others passed over. Set by a template's ``route_by`` on the bindings
     it makes (docs: 'One topic, many tables'); a binding may set it by hand too. A record without
     the field is not this binding's (a Debezium tombstone, say)."""
+    unrouted: list[str] | None = None
+    """kafka, documents and debezium payloads: only the records that lack one of these fields
+    (dotted paths into the value, as ``routed``; a Debezium tombstone is not one), each of them a
+    dead letter: it names no table. Set by a ``route_by`` template with ``on_invalid:
+    dead_letter`` on the binding it makes for such records (docs: 'One topic, many tables')."""
 
     @property
     def schema_ddl(self) -> str | None:
@@ -157,6 +162,10 @@ class SourceConfig(Model):
                     "a tombstone of key_from: message names no table, so it could not be routed"
                 )
             check_field_paths(self.routed, "routed")
+        if self.unrouted is not None:
+            if self.routed is not None or self.payload not in ("documents", "debezium") or self.key_from == "message" or not self.unrouted:
+                raise ValueError("unrouted is for payloads documents and debezium with the key in the value, without routed, naming one field or more")
+            check_field_paths({path: "" for path in self.unrouted}, "unrouted")
         _check_starting(self.starting, names)
         for key, value in self.options.items():
             if key.lower() == "kafka.isolation.level" and value.strip().lower() not in ("read_committed", "read_uncommitted"):

@@ -43,8 +43,9 @@ class TemplateSourceConfig(SourceConfig):
     """kafka, with ``topic``: one binding per value of fields of each record, e.g. ``{schema:
     source.schema, table: source.table}`` for Debezium events of several tables in one topic
     (placeholder -> dotted path into the value, Debezium's ``payload`` envelope unwrapped). A value
-    first seen in an epoch is a binding from that epoch on; every record must hold the fields
-    (docs: 'One topic, many tables')."""
+    first seen in an epoch is a binding from that epoch on; every record must hold the fields, or
+    with ``on_invalid: dead_letter`` and a ``dead_letter_table`` without placeholders is a dead
+    letter there (docs: 'One topic, many tables')."""
 
     @model_validator(mode="after")
     def _kafka_fields(self) -> "TemplateSourceConfig":
@@ -181,6 +182,18 @@ class BindingTemplate(BindingConfig):
                 data[option] = data[option].format_map(values)
         data["source"] = self.source.concrete(found)
         return data
+
+    @property
+    def unrouted_dead_letters(self) -> str | None:
+        """``route_by`` with ``on_invalid: dead_letter`` and a ``dead_letter_table`` without
+        placeholders: that table, where the records that name no table land as dead letters
+        (through one binding made for them). None: such a record stops the run."""
+        table = self.dead_letter_table
+        if self.source.route_by is None or self.on_invalid != "dead_letter" or table is None:
+            return None
+        if PLACEHOLDER.search(table.replace("{{", "").replace("}}", "")):
+            return None
+        return table.format_map({})
 
     @property
     def name_pattern(self) -> str:

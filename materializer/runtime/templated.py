@@ -57,7 +57,7 @@ class TemplatedRuntime:
             template = self.config.templates[index]
             names = [
                 name for name, source in recorded.items()
-                if source.startswith("route:") and templates.values_for(template, source.removeprefix("route:")) is not None
+                if source.startswith("route:") and templates.takes(template, source.removeprefix("route:"))
             ]
             position = router.shared_position({name: checkpoint.get(name) for name in names})
             out[index] = router.fix(self.spark, state.last_epoch, position)

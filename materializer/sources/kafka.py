@@ -101,6 +101,11 @@ class KafkaSource(KafkaTransport, Source):
             dead_letter=self.binding.on_invalid == "dead_letter",
         )
         change_controlled(reader, self.binding)  # sequence_by (``_meta.source.lsn``, say) and the table's own names
+        if config.unrouted is not None:
+            reader.unrouted = (
+                f"the record has no {' or '.join(config.unrouted)} (or its value is not a JSON object): it names no table "
+                "of the template's route_by"
+            )
         try:
             parsed = reader.parsed(self.records(spark, plan))
             count, schema = reader.check(parsed)
@@ -126,7 +131,9 @@ class KafkaSource(KafkaTransport, Source):
             )
         lag, words = self.lag(plan)
         return SourceBatch(
-            documents=reader.rows(parsed, schema),
+            # No document, or every one a dead letter (all of them, for source.unrouted): no row,
+            # and no type for the key to stage one with; the position and dead letters are committed.
+            documents=None if reader.bad == count else reader.rows(parsed, schema),
             rejected=rejected,
             rejected_count=reader.bad,
             checkpoint=plan.checkpoint(),

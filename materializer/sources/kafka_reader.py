@@ -67,6 +67,8 @@ class KafkaReader(DocumentReader):
         """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
         self._unavailable: list[str] = []
         """The fields holding placeholders in the epoch."""
+        self.unrouted: str | None = None
+        """``source.unrouted``: every record's problem (each one names no table)."""
         self.kafka_dead_letters = dead_letter
         self.dead_letter = dead_letter
         self._semantic: dict[str, tuple[str, dict[str, str]]] = {}
@@ -289,6 +291,8 @@ class KafkaReader(DocumentReader):
     def problem(self, lean: bool = False) -> "Column":
         from pyspark.sql import functions as F
 
+        if self.unrouted is not None:
+            return F.lit(self.unrouted)
         return F.coalesce(F.col("__kafka"), super().problem(lean))
 
     # --- dead letters ---

@@ -11,7 +11,10 @@ The topic has **one** position, shared by its tables. Per epoch, :class:`KafkaRo
    committed, so every routed binding of the epoch reads exactly the same range;
 2. reads the route fields of the range's records on the executors (one aggregate; what comes back
    is one row per table, with the offset that first names it) and refuses a record without them,
-   naming its topic, partition and offset, before anything of the epoch is staged or committed;
+   naming its topic, partition and offset, before anything of the epoch is staged or committed
+   (with ``on_invalid: dead_letter`` and one dead-letter table, such records are instead the
+   records of one more binding, :func:`materializer.templates.unrouted_found`, which reads the
+   same range and sets each aside as a dead letter);
 3. hands each routed binding whose table the range carries that plan (:class:`RoutedKafkaSource`);
    the binding reads the range and keeps its own records (``source.routed``, a filter on the
    executors). A table the range does not carry has no batch in the epoch.
@@ -149,14 +152,19 @@ class KafkaRouter:
                 missing.append((first, absent))
             else:
                 found[routed_found(self.template.source.topic or "", values)] = first
-        if missing:
+        if missing and self.template.unrouted_dead_letters is not None:
+            # on_invalid: dead_letter with one dead-letter table: the binding made for these
+            # records reads the range too and sets each of them aside there.
+            found[templates.unrouted_found(self.template.source.topic or "")] = min(first for first, _ in missing)
+        elif missing:
             first, absent = min(missing)
             raise SourceError(
                 f"{_record(first)} has no {' or '.join(absent)} (or its value is not a JSON object): {self.where} routes "
                 f"every record of the topic to a table by route_by {self.route_by}, and this one names none. Nothing of "
                 "the epoch was committed. Have the producer write the field in every record (Debezium: every change "
                 "event has source.db, source.schema and source.table; a heartbeat or schema-change topic is not a table's), "
-                "or read the topic with a binding of its own"
+                "or read the topic with a binding of its own; or set aside such records as dead letters: on_invalid: "
+                "dead_letter and a dead_letter_table without placeholders on the template (docs: 'One topic, many tables')"
             )
         return found
 
