@@ -31,7 +31,7 @@ from materializer.sources.kafka_transport import KafkaTransport
 from materializer.storage import Store
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 
@@ -93,7 +93,8 @@ class KafkaSource(KafkaTransport, Source):
         batch.checkpoint = after  # the very checkpoint the log holds, "lost" included
         return batch
 
-    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
+    def reader(self, spark: "SparkSession", checkpoint: dict[str, Any] | None) -> KafkaReader:
+        """The reader of this binding's records: its key, schema, payload and dead-letter choice."""
         config = self.binding.source
         reader = KafkaReader(
             spark, self.where, self.binding.key, self.declared_schema(spark), checkpoint, config.payload, config.key_from,
@@ -106,8 +107,16 @@ class KafkaSource(KafkaTransport, Source):
                 f"the record has no {' or '.join(config.unrouted)} (or its value is not a JSON object): it names no table "
                 "of the template's route_by"
             )
+        return reader
+
+    def parsed(self, spark: "SparkSession", reader: KafkaReader, plan: Plan) -> "DataFrame":
+        """The plan's records as documents (:meth:`KafkaReader.parsed`), before the checks."""
+        return reader.parsed(self.records(spark, plan))
+
+    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
+        reader = self.reader(spark, checkpoint)
         try:
-            parsed = reader.parsed(self.records(spark, plan))
+            parsed = self.parsed(spark, reader, plan)
             count, schema = reader.check(parsed)
             rejected = None
             if reader.bad:

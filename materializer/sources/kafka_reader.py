@@ -67,6 +67,8 @@ class KafkaReader(DocumentReader):
         """Whether a record of the epoch holds a placeholder (set by :meth:`check`)."""
         self._unavailable: list[str] = []
         """The fields holding placeholders in the epoch."""
+        self.carry: list[str] = []
+        """Columns of the records kept through :meth:`parsed` (a route_by template's route fields)."""
         self.unrouted: str | None = None
         """``source.unrouted``: every record's problem (each one names no table)."""
         self.kafka_dead_letters = dead_letter
@@ -300,7 +302,7 @@ class KafkaReader(DocumentReader):
     def _carried(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        return [F.col("__record")] if self.kafka_dead_letters else []
+        return ([F.col("__record")] if self.kafka_dead_letters else []) + [F.col(c) for c in self.carry]
 
     def rejected_records(self, checked: "DataFrame") -> "DataFrame":
         """The epoch's invalid records as the dead-letter table keeps them: where they are

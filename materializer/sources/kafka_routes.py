@@ -32,6 +32,7 @@ with records gives at least one table a batch); the others' are older or equal, 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -47,9 +48,12 @@ from materializer.sources.kafka_transport import route_field
 from materializer.storage import Store
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+ROUTE = "__route_"
+"""Prefix of the route fields' columns in the range's documents (:meth:`KafkaRouter._read`)."""
 
 
 class KafkaRouter:
@@ -75,6 +79,8 @@ class KafkaRouter:
         self.plan: Plan | None = None
         """The next epoch's offsets, fixed until it is committed (None or empty: nothing to read)."""
         self.found: dict[str, tuple[str, int, int]] = {}
+        self._records: "DataFrame | None" = None
+        """The fixed plan's records, kept on the executors (:meth:`_read`)."""
         """The tables the plan's records name (a :func:`routed_found` text each), with the first record of each."""
 
     def shared_position(self, checkpoints: dict[str, Any]) -> dict[str, Any] | None:
@@ -105,11 +111,15 @@ class KafkaRouter:
             return sorted(self.found)
         source = self.template.source
         start = self._passed[1] if self._passed is not None and self._passed[0] == key else position
+        records = None
         while True:
             plan = self.source.plan(start, source.max_records or self.config.transaction.max_documents)
             if not plan.empty and source.kafka_max_bytes is not None:
                 plan = self.source.bounded(spark, plan, source.kafka_max_bytes)
-            found = {} if plan.empty else self._scan(spark, plan)
+            if records is not None:
+                records.unpersist()
+            records = None if plan.empty else self._read(spark, plan)
+            found = {} if records is None else self._scan(records)
             if found or plan.empty:
                 break
             # Records that name no table (Debezium's tombstones after deletes: no change of any
@@ -128,19 +138,48 @@ class KafkaRouter:
                     f"{_record(first)} is the first of the epoch to name this table: {exc}. Nothing of the epoch was "
                     "committed; change the template's name or table so every value makes one, then run again"
                 ) from None
-        self._key, self.position, self.plan, self.found = key, start, plan, found
+        if self._records is not None and self._records is not records:
+            self._records.unpersist()
+        self._key, self.position, self.plan, self.found, self._records = key, start, plan, found, records
         return sorted(found)
 
-    def _scan(self, spark: "SparkSession", plan: Plan) -> dict[str, tuple[str, int, int]]:
-        """Per combination of route values in the plan's records, its first record (topic,
-        partition, offset): an aggregate on the executors, one row per table back."""
+    def _read(self, spark: "SparkSession", plan: Plan) -> "DataFrame":
+        """The range's records read from the brokers and made documents once for every table of
+        the epoch (the tables of one template share key, schema and payload), with the route
+        fields as columns (``__route_<placeholder>``); kept (memory, then disk) on the executors by
+        the scan's job. Each routed binding checks and stages its own records from there, instead
+        of reading the range and planning the whole parse again per table. Blocks Spark lets go
+        are computed again from the same offsets: the same documents."""
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         payload = self.template.source.payload
-        records = self.source.records(spark, plan)
-        if payload == "debezium":
-            records = records.where(F.col("value").isNotNull())  # tombstones carry no change (and no table)
-        fields = [route_field(F.col("value"), path, payload).alias(name) for name, path in sorted(self.route_by.items())]
+        columns = {ROUTE + name: route_field(F.col("value"), path, payload) for name, path in sorted(self.route_by.items())}
+        reader = self.source.reader(spark, None)
+        reader.carry = sorted(columns)
+        # Debezium's tombstones (null values) change no table: the parse leaves them out.
+        return reader.parsed(self.source.records(spark, plan).withColumns(columns)).persist(StorageLevel.MEMORY_AND_DISK)
+
+    def parsed_of(self, plan: Plan, source: Any) -> "DataFrame | None":
+        """The documents of ``plan`` that ``source`` (a routed binding's) takes, when ``plan`` is
+        the fixed plan (None: the caller reads and parses them itself)."""
+        from pyspark.sql import functions as F
+
+        if self._records is None or plan is not self.plan:
+            return None
+        by_path = {path: F.col(ROUTE + name) for name, path in self.route_by.items()}
+        if source.routed is not None:
+            condition = functools.reduce(lambda a, b: a & b, [by_path[p] == F.lit(v) for p, v in sorted(source.routed.items())])
+        else:
+            condition = functools.reduce(lambda a, b: a | b, [F.coalesce(by_path[p], F.lit("")) == F.lit("") for p in source.unrouted])
+        return self._records.where(condition)
+
+    def _scan(self, records: "DataFrame") -> dict[str, tuple[str, int, int]]:
+        """Per combination of route values in the range's documents (:meth:`_read`), its first
+        record (topic, partition, offset): an aggregate on the executors, one row per table back."""
+        from pyspark.sql import functions as F
+
+        fields = [F.col(ROUTE + name).alias(name) for name in sorted(self.route_by)]
         rows = records.groupBy(*fields).agg(F.min(SEQ).alias("first")).collect()
         found: dict[str, tuple[str, int, int]] = {}
         missing: list[tuple[tuple[str, int, int], list[str]]] = []
@@ -204,6 +243,12 @@ class RoutedKafkaSource(KafkaSource):
         if plan is None:
             return None
         return self._batch(spark, self.router.position, plan)
+
+    def parsed(self, spark: "SparkSession", reader: Any, plan: Plan) -> "DataFrame":
+        kept = self.router.parsed_of(plan, self.binding.source)
+        if kept is None:
+            return super().parsed(spark, reader, plan)
+        return kept
 
 
 def _record(first: tuple[str, int, int]) -> str:

@@ -222,22 +222,30 @@ class KafkaTransport:
             F.struct(F.col("topic"), F.col("partition"), F.col("offset")).alias(SEQ),
             F.col("timestamp"),
         )
-        if config.routed is not None:
-            # One topic, many tables: this binding's records only, on the executors; within a
-            # partition they keep their offsets, so the table's order is the topic's.
-            condition = F.lit(True)
-            for path, value in sorted(config.routed.items()):
-                condition = condition & (route_field(F.col("value"), path, config.payload) == F.lit(value))
-            records = records.where(condition)
-        if config.unrouted is not None:
-            # The records a route_by template's tables do not take: one route field missing (or
-            # empty, or the value no JSON object). Debezium's tombstones change no table: not these.
-            absent = functools.reduce(
-                lambda a, b: a | b,
-                [F.coalesce(route_field(F.col("value"), path, config.payload), F.lit("")) == F.lit("") for path in config.unrouted],
-            )
-            records = records.where(absent & F.col("value").isNotNull() if config.payload == "debezium" else absent)
-        return records
+        return routed_records(records, config)
+
+
+def routed_records(records: "DataFrame", config: Any) -> "DataFrame":
+    """``records`` (the kafka source's columns) kept to what ``config`` (a source config) takes:
+    its ``routed`` table's records, or the ``unrouted`` ones; all of them without either."""
+    from pyspark.sql import functions as F
+
+    if config.routed is not None:
+        # One topic, many tables: this binding's records only, on the executors; within a
+        # partition they keep their offsets, so the table's order is the topic's.
+        condition = F.lit(True)
+        for path, value in sorted(config.routed.items()):
+            condition = condition & (route_field(F.col("value"), path, config.payload) == F.lit(value))
+        records = records.where(condition)
+    if config.unrouted is not None:
+        # The records a route_by template's tables do not take: one route field missing (or
+        # empty, or the value no JSON object). Debezium's tombstones change no table: not these.
+        absent = functools.reduce(
+            lambda a, b: a | b,
+            [F.coalesce(route_field(F.col("value"), path, config.payload), F.lit("")) == F.lit("") for path in config.unrouted],
+        )
+        records = records.where(absent & F.col("value").isNotNull() if config.payload == "debezium" else absent)
+    return records
 
 
 def route_field(value: "Column", path: str, payload: str) -> "Column":
