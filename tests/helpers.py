@@ -197,10 +197,10 @@ def kill_before_dead_letters(runtime: Any, epoch: int | None = None) -> None:
     of ``epoch`` only (the Open's re-apply of an earlier one goes through), or of any epoch."""
     append = runtime.driver.writer.append_dead_letters
 
-    def killed(bindings: Any, at: int, staged: Any) -> Any:
+    def killed(table: str, bindings: Any, at: int, staged: Any) -> Any:
         if epoch is None or at == epoch:
             raise Killed("killed between the table's commit and its dead letters'")
-        return append(bindings, at, staged)
+        return append(table, bindings, at, staged)
 
     runtime.driver.writer.append_dead_letters = killed
 

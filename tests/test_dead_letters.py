@@ -207,3 +207,26 @@ def test_an_epoch_whose_every_document_is_a_dead_letter_commits_its_position_and
     assert table_rows(spark, table, ["id"]) == {(1,): {"id": 1, "v": "a"}}
     dead = _dead(spark, Path(str(table) + "_dead_letters"))
     assert [(e, f, line) for _b, e, f, line, _r, _d in dead] == [(1, "a.jsonl", 1), (1, "a.jsonl", 2), (3, "c.jsonl", 2)]
+
+
+@pytest.mark.spark
+def test_dead_letters_committed_before_on_invalid_was_changed_still_land_once(spark: Any, tmp_path: Path) -> None:
+    """Epoch 1 is committed with dead letters, the run dies before they are appended, and the
+    user then sets on_invalid back to fail: the committed epoch's dead letters still land, in the
+    table its log entry names, once; the next epochs follow the new option."""
+    from tests.helpers import Killed as KilledThread, kill_before_dead_letters
+
+    table, dead = tmp_path / "tables" / "items", tmp_path / "tables" / "rejects"
+    _source(tmp_path / "src", lines=['{"id": 1}', "broken"])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, on_invalid="dead_letter", dead_letter_table=str(dead))])
+    runtime = Runtime(config, spark)
+    kill_before_dead_letters(runtime, epoch=1)
+    with pytest.raises(KilledThread):
+        runtime.run()
+    assert last_epoch(config) == 1 and not dead.exists()
+    failing = config_with(tmp_path, [binding("items", tmp_path / "src", table)])
+    Runtime(failing, spark).run()
+    assert [(b, e, line) for b, e, _f, line, _r, _d in _dead(spark, dead)] == [("items", 1, 2)]
+    _source(tmp_path / "src", "b.jsonl", ["broken again"])
+    with pytest.raises(SourceError, match="b.jsonl:1"):
+        Runtime(failing, spark).run()

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import crash, events
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, exists, quote, read_table
+from materializer.delta import TableRef, exists, quote, read_table, table_identity
 from materializer.dead_letters import for_epoch
+from materializer.errors import ConfigError
 from materializer.driver.open_checks import OpenChecks
 from materializer.driver.table_fit import TableFit
 from materializer.option_changes import table_options
@@ -158,18 +159,19 @@ class DeltaDriver(Driver):
             todo, apply, workers=self._apply_workers(len(todo)), name="materializer-apply",
             after_each=between_tables, label=lambda b: f"binding {b.name} (epoch {epoch}'s apply)",
         )
-        groups = self._dead_letter_groups([b for b in todo if checkpoint.dead_letters.get(b.name) is not None])
+        groups = self._dead_letter_groups([b for b in todo if checkpoint.dead_letters.get(b.name) is not None], checkpoint)
         if groups:
             # crash here leaves the tables applied and the dead letters not: the re-apply skips the
             # tables and appends them (their own txn record on each dead-letter table)
             crash.crash_point("after-apply", epoch)
 
-            def append(group: list[BindingConfig], slot: int) -> ApplyResult:
-                return self._writer(slot).append_dead_letters(group, epoch, [checkpoint.dead_letters[b.name] for b in group])
+            def append(group: tuple[str, list[BindingConfig]], slot: int) -> ApplyResult:
+                table, bindings = group
+                return self._writer(slot).append_dead_letters(table, bindings, epoch, [checkpoint.dead_letters[b.name] for b in bindings])
 
             run_each(
                 groups, append, workers=self._apply_workers(len(groups)), name="materializer-apply",
-                label=lambda g: f"the dead letters of {', '.join(b.name for b in g)} (epoch {epoch}'s apply)",
+                label=lambda g: f"the dead letters of {', '.join(b.name for b in g[1])} (epoch {epoch}'s apply)",
             )
         # crash here leaves every table applied and the staged files in place: the next Open keeps
         # them (the entry references them), the first Acknowledge finds them applied and deletes them
@@ -199,17 +201,31 @@ class DeltaDriver(Driver):
         for session in sessions.values():
             session.conf.get("spark.sql.session.timeZone")
 
-    def _dead_letter_groups(self, bindings: list[BindingConfig]) -> list[list[BindingConfig]]:
-        """``bindings`` by dead-letter table: one append per table and epoch, so bindings that share
-        one land their rejects together under the epoch's txn id (two appends of one epoch would
-        carry the same txn version, and Delta would skip the second)."""
+    def _dead_letter_groups(
+        self, bindings: list[BindingConfig], checkpoint: DriverCheckpoint
+    ) -> list[tuple[str, list[BindingConfig]]]:
+        """``bindings`` by dead-letter table (as spelled, and the bindings): one append per table and
+        epoch, so bindings that share one land their rejects together under the epoch's txn id (two
+        appends of one epoch would carry the same txn version, and Delta would skip the second).
+        A binding no longer set to ``dead_letter`` (changed after the epoch was committed) has its
+        rejects appended where the epoch's log entry says, or they would never land."""
         if not bindings:
             return []
         if self._dead_letter_tables is None:
             self._dead_letter_tables = self.open_checks.check_distinct_tables()
-        groups: dict[str, list[BindingConfig]] = {}
+        groups: dict[str, tuple[str, list[BindingConfig]]] = {}
         for binding in bindings:
-            groups.setdefault(self._dead_letter_tables[binding.name], []).append(binding)
+            identity, table = self._dead_letter_tables.get(binding.name), binding.dead_letters
+            if identity is None or table is None:
+                table = checkpoint.tables.get(binding.name + DEAD_LETTER_SUFFIX)
+                if table is None:
+                    raise ConfigError(
+                        f"epoch {checkpoint.epoch} set aside dead letters of binding {binding.name!r}, and its log entry does "
+                        "not name their table (written by an older version). Set on_invalid: dead_letter (and its "
+                        "dead_letter_table) back for one run, so they land; then change it. Nothing was changed."
+                    )
+                identity = table_identity(self.spark, TableRef(table))
+            groups.setdefault(identity, (table, []))[1].append(binding)
         return list(groups.values())
 
     def _apply_workers(self, bindings: int) -> int:

@@ -241,14 +241,14 @@ class DeltaWriter(TableWrites):
                 raise ApplyError(refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
         raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
-    def append_dead_letters(self, bindings: list[BindingConfig], epoch: int, staged: list[StagedFile]) -> ApplyResult:
-        """Append the epoch's rejected documents of ``bindings`` (one dead-letter table, shared or
-        not; ``staged`` in the same order) in one commit under the epoch's txn id: Delta skips a
-        replay, so each lands once (docs: 'Dead letters'). One commit for all of them, because two
-        appends of one epoch to one table would carry the same txn version and Delta would skip
-        the second."""
-        assert bindings and len(bindings) == len(staged) and bindings[0].dead_letters is not None
-        table = TableRef(bindings[0].dead_letters)
+    def append_dead_letters(self, table_name: str, bindings: list[BindingConfig], epoch: int, staged: list[StagedFile]) -> ApplyResult:
+        """Append the epoch's rejected documents of ``bindings`` to their dead-letter table
+        ``table_name`` (shared or not; ``staged`` in the order of ``bindings``) in one commit under
+        the epoch's txn id: Delta skips a replay, so each lands once (docs: 'Dead letters'). One
+        commit for all of them, because two appends of one epoch to one table would carry the same
+        txn version and Delta would skip the second."""
+        assert bindings and len(bindings) == len(staged)
+        table = TableRef(table_name)
         name = "+".join(b.name for b in bindings)
         app_id = self.config.pipeline_id
         props = self.properties(name + DEAD_LETTER_SUFFIX, epoch)
