@@ -16,8 +16,9 @@ The topic has **one** position, shared by its tables. Per epoch, :class:`KafkaRo
    records of one more binding, :func:`materializer.templates.unrouted_found`, which reads the
    same range and sets each aside as a dead letter);
 3. hands each routed binding whose table the range carries that plan (:class:`RoutedKafkaSource`);
-   the binding reads the range and keeps its own records (``source.routed``, a filter on the
-   executors). A table the range does not carry has no batch in the epoch.
+   the binding keeps its own records (``source.routed``, a filter on the executors) of the range
+   as the router read and parsed it, once for all the tables (:meth:`KafkaRouter._read`). A table
+   the range does not carry has no batch in the epoch.
 
 A value first seen in an epoch's range becomes a binding *in that epoch* (the runtime ends its round
 of bindings at the boundary before it and opens the next with the new binding; the plan is kept
@@ -79,9 +80,9 @@ class KafkaRouter:
         self.plan: Plan | None = None
         """The next epoch's offsets, fixed until it is committed (None or empty: nothing to read)."""
         self.found: dict[str, tuple[str, int, int]] = {}
-        self._records: "DataFrame | None" = None
-        """The fixed plan's records, kept on the executors (:meth:`_read`)."""
         """The tables the plan's records name (a :func:`routed_found` text each), with the first record of each."""
+        self._records: "DataFrame | None" = None
+        """The fixed plan's records as documents, kept on the executors (:meth:`_read`)."""
 
     def shared_position(self, checkpoints: dict[str, Any]) -> dict[str, Any] | None:
         """The topic's position after the last committed epoch, from its routed bindings' runtime
