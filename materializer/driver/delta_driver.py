@@ -128,7 +128,8 @@ class DeltaDriver(Driver):
 
         A failure in one binding starts no further binding; the applies in flight end (each is one
         Delta commit, whole or absent), then the failure is raised naming its binding. The tables
-        applied by then record the epoch, so the re-apply skips them."""
+        applied by then record the epoch, so the re-apply skips them. Then the dead letters: one
+        append per dead-letter table (:meth:`_dead_letter_groups`), under the same txn id."""
         epoch = message.epoch
         checkpoint = message.driver_checkpoint
         todo = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
