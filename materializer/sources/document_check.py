@@ -351,8 +351,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     assert declared is not None and reader.lines is not None
     reader.deferred_documents = parsed
     value = F.col("value")
-    blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
-    lines = reader.lines.where(value.startswith("{") | ~blank)  # as the VARIANT route skips blank lines
+    lines = reader.document_lines()  # as the VARIANT route reads them (files: blank lines skipped)
     fields = python_typed(json.loads(declared.json()), reader.hidden) if python_types else []
     by_python = {name: declared[name].dataType for name, _dtype in fields}
     # The other declared fields (nested, or of a type whose value makes no document fast unless

@@ -189,6 +189,17 @@ class DocumentReader:
         self.lines = text
         return self._with_variant(text)
 
+    def document_lines(self) -> "DataFrame":
+        """The epoch's texts that are documents (``value`` first, as :attr:`lines` has it), for a
+        check that reads the text itself (:mod:`document_check`): the lines :meth:`_with_variant`
+        keeps, blank ones skipped."""
+        from pyspark.sql import functions as F
+
+        assert self.lines is not None
+        value = F.col("value")
+        blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
+        return self.lines.where(value.startswith("{") | ~blank)
+
     @staticmethod
     def _with_variant(text: "DataFrame") -> "DataFrame":
         from pyspark.sql import functions as F
@@ -306,7 +317,7 @@ class DocumentReader:
         from pyspark.sql import functions as F
 
         assert self.declared is not None
-        if self.validator == "arrow":
+        if self.validator == "arrow" and self.lines is not None:  # (a routed topic's records come parsed)
             from materializer.sources import document_check
 
             return document_check.deferred(self, parsed)

@@ -68,7 +68,7 @@ class KafkaSource(KafkaTransport, Source):
             return None
         if config.kafka_max_bytes is not None:
             plan = self.bounded(spark, plan, config.kafka_max_bytes)
-        return self._batch(spark, checkpoint, plan)
+        return self._batch(spark, checkpoint, plan, defer=self.defer_checks)
 
     def replay(self, spark: "SparkSession", before: dict[str, Any] | None, after: dict[str, Any]) -> SourceBatch:
         """Exactly a committed epoch's records again (``after``: its checkpoint, whose ``range`` the
@@ -113,8 +113,23 @@ class KafkaSource(KafkaTransport, Source):
         """The plan's records as documents (:meth:`KafkaReader.parsed`), before the checks."""
         return reader.parsed(self.records(spark, plan))
 
-    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan) -> SourceBatch:
+    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False) -> SourceBatch:
         reader = self.reader(spark, checkpoint)
+        if defer and reader.declared is not None and reader.payload == "documents" and not reader.sequence_by and not reader.dead_letter and reader.unrouted is None:
+            # The types are known before reading: the checks ride along with the staging job, as
+            # the documents source's do (one read of the range and one parse per epoch, not two),
+            # checked by msgspec on the executors where the session allows it (document_check).
+            # Not for debezium (its rows depend on what the epoch's checks find: placeholders,
+            # semantic types), sequence_by or dead letters (as for files).
+            from materializer.sources.document_check import validator
+
+            reader.validator = validator(spark)
+            documents, verify = reader.deferred(self.parsed(spark, reader, plan))
+            lag, words = self.lag(plan)
+            return SourceBatch(
+                documents=documents, checkpoint=plan.checkpoint(), count=0, description=self._described(plan) + words,
+                explain=reader.explain, lag=lag, verify=verify,
+            )
         try:
             parsed = self.parsed(spark, reader, plan)
             count, schema = reader.check(parsed)
@@ -130,14 +145,6 @@ class KafkaSource(KafkaTransport, Source):
             if explained is not None:
                 raise explained from exc
             raise
-        description = plan.description()
-        if plan.lost:
-            description += f"; SKIPPED lost records: {offsets_text({p: a for p, (a, _) in plan.lost.items()})} (on_data_loss: skip)"
-        if plan.compaction:
-            description += (
-                f"; read PAST delete.retention.ms of compacted {offsets_text(plan.compaction)}: deletes may be lost "
-                "(on_data_loss: skip)"
-            )
         lag, words = self.lag(plan)
         return SourceBatch(
             # No document, or every one a dead letter (all of them, for source.unrouted): no row,
@@ -147,10 +154,22 @@ class KafkaSource(KafkaTransport, Source):
             rejected_count=reader.bad,
             checkpoint=plan.checkpoint(),
             count=count,
-            description=description + words,
+            description=self._described(plan) + words,
             explain=reader.explain,
             lag=lag,
         )
+
+    @staticmethod
+    def _described(plan: Plan) -> str:
+        description = plan.description()
+        if plan.lost:
+            description += f"; SKIPPED lost records: {offsets_text({p: a for p, (a, _) in plan.lost.items()})} (on_data_loss: skip)"
+        if plan.compaction:
+            description += (
+                f"; read PAST delete.retention.ms of compacted {offsets_text(plan.compaction)}: deletes may be lost "
+                "(on_data_loss: skip)"
+            )
+        return description
 
 
 __all__ = [  # besides KafkaSource, what tools and tests import from here (the names live beside it)

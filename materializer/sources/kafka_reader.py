@@ -107,8 +107,21 @@ class KafkaReader(DocumentReader):
                           "document, and a delete is a document with \"_meta\": {\"op\": \"d\"} and its key fields"),
                 ),
             )
+        if self.payload != "debezium" and self.key_from != "message":
+            # What the checks and the rows read of a record (the others already select theirs).
+            records = records.select(F.col("value"), F.col(SEQ), F.col("__kafka"), *self._carried())
+        self.lines = records
         # Unlike lines of a file, no record is skipped: a blank value is refused as not JSON.
         return records.withColumn("__v", parse_one(F.col("value")))
+
+    def document_lines(self) -> "DataFrame":
+        """Every record's text (a blank value is refused as not JSON, never skipped); a record
+        with a problem of its own (``__kafka``: a tombstone, a key that disagrees with the value)
+        gives no text to check, so it goes the VARIANT route, whose problem names it."""
+        from pyspark.sql import functions as F
+
+        assert self.lines is not None
+        return self.lines.withColumn("value", F.when(F.col("__kafka").isNull(), F.col("value")))
 
     def _keyed(self, records: "DataFrame") -> "DataFrame":
         """``key_from: message``: the key fields from the record's key, spliced into the document

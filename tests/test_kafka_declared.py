@@ -1,0 +1,159 @@
+"""Kafka's ``documents`` payload with ``source.schema``: checked by the job that stages the rows (one
+read of the offset range and one parse per epoch, not two), by msgspec on the executors (the arrow
+validator) or the VARIANT route, with the same rows and the same refusals, named by topic,
+partition and offset (issue #25). Unlike lines of a file, no record is skipped: a blank value and a
+tombstone are refused on both routes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from materializer.config import load_config
+from materializer.errors import SourceError
+from materializer.runtime import Runtime
+from materializer.sources.document_check import VALIDATOR_CONF
+from materializer.sources.kafka import KafkaSource
+from materializer.storage import open_store
+from tests.helpers import delta_rs_rows, table_rows, write_config
+from tests.kafka_broker import Broker
+from tests.test_documents_arrow import FLAT_FIELDS, FLAT_SCHEMA, documents
+from tests.test_kafka import kafka_binding, oracle, produce, wave
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+DDL = "id BIGINT, amount DOUBLE, note STRING, tags ARRAY<BIGINT>, address STRUCT<city: STRING, n: INT>, at TIMESTAMP"
+
+_topics = iter(range(1_000_000))
+
+
+def _source(broker: Broker, tmp_path: Path, records: list[tuple[Any, Any]], ddl: str = DDL, **extra: Any) -> KafkaSource:
+    """A fresh one-partition topic holding ``records`` (key, value), and the deferring source of a
+    binding reading it with ``ddl`` declared."""
+    topic = f"declared-{next(_topics)}-{tmp_path.name[:40]}".replace("[", "-").replace("]", "-")
+    broker.create_topic(topic, 1)
+    broker.produce(topic, [(key, value, 0) for key, value in records])
+    folder = tmp_path / topic
+    folder.mkdir()
+    config = load_config(write_config(folder, [kafka_binding(broker, "k", topic, folder / "table", schema=ddl, **extra)]))
+    source = KafkaSource(config.bindings[0], open_store(config.staging))
+    source.defer_checks = True  # as the runtime's stager sets it
+    return source
+
+
+def _run(spark: Any, source: KafkaSource, validator: str, out: Path) -> tuple[str, Any]:
+    """One epoch through the deferred path with ``validator``: ("ok", (count, rows by _seq, as
+    reprs)) or ("refused", the error's text)."""
+    spark.conf.set(VALIDATOR_CONF, validator)
+    try:
+        try:
+            batch = source.next_batch(spark, None, 1000, "x")
+            assert batch is not None and batch.verify is not None, "the checks were not deferred to the staging job"
+            try:
+                batch.documents.write.mode("overwrite").parquet(str(out))
+            except Exception as exc:
+                explained = batch.explain(exc) if batch.explain is not None else None
+                if explained is not None:
+                    raise explained from exc
+                raise
+            count = batch.verify()
+        except SourceError as exc:
+            return "refused", str(exc)
+        rows = spark.read.parquet(str(out)).orderBy("_seq").collect()
+        return "ok", (count, [repr(r) for r in rows])
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+
+
+def _both(spark: Any, source: KafkaSource, tmp_path: Path) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    return _run(spark, source, "arrow", tmp_path / "arrow"), _run(spark, source, "variant", tmp_path / "variant")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"", "not valid JSON"),  # a blank value: refused, never skipped as a blank line of a file is
+        (None, "the record's value is null (a tombstone)"),
+        (b'{"id": 1, "colour": "red"}', "field 'colour' is not in the binding's source.schema"),
+        (b'{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\""),
+        (b'{"id": 1, "note": "a:b", "note": "c"}', "not valid JSON"),
+        # (the other rules are the files' own, tests/test_documents_arrow.py)
+    ],
+)
+def test_a_bad_record_is_refused_by_both_routes_with_its_offset(
+    spark: Any, broker: Broker, tmp_path: Path, value: Any, message: str
+) -> None:
+    source = _source(broker, tmp_path, [(b"1", b'{"id": 1, "amount": 2}'), (b"2", value), (b"3", b'{"id": 3}')])
+    arrow, variant = _both(spark, source, tmp_path)
+    assert arrow[0] == "refused" and f"topic {source.topics[0]} partition 0 offset 1: {message}" in arrow[1], arrow
+    assert arrow == variant
+
+
+def test_a_key_in_the_message_that_the_value_contradicts_is_refused_on_the_arrow_route(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    # The value alone is a valid document (the validator would call it fast): the record's own
+    # problem must still refuse it.
+    source = _source(
+        broker, tmp_path, [(b'{"id": 1}', b'{"amount": 1}'), (b'{"id": 5}', b'{"id": 6, "amount": 5}')], key_from="message"
+    )
+    arrow, variant = _both(spark, source, tmp_path)
+    assert arrow[0] == "refused" and "offset 1: key field 'id' in the value differs from the record's key" in arrow[1], arrow
+    assert arrow == variant
+
+
+def test_keys_from_the_message_and_tombstones_land_the_same_on_both_routes(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    source = _source(
+        broker,
+        tmp_path,
+        [
+            (b'{"id": 1}', b'{"amount": 1.5, "note": "x:y"}'),
+            (b"2", b'{"tags": [1, 2], "address": {"city": "Oslo", "n": 3}}'),
+            (b'{"id": 3}', b'{"id": 3, "at": "2024-01-02 03:04:05"}'),
+            (b'{"id": 1}', None),  # a tombstone deletes key 1
+        ],
+        key_from="message",
+    )
+    arrow, variant = _both(spark, source, tmp_path)
+    assert arrow == variant and arrow[0] == "ok" and arrow[1][0] == 4, arrow
+
+
+def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    broker.create_topic("declared-e2e", 2)
+    table = tmp_path / "tables" / "d"
+    config = load_config(write_config(tmp_path, [
+        kafka_binding(broker, "d", "declared-e2e", table, schema="id BIGINT, v BIGINT, name STRING", max_records=60),
+    ]))
+    docs = wave(0, 150, range(40), 3)
+    produce(broker, "declared-e2e", docs, 2)
+    summary = Runtime(config, spark).run()
+    assert summary.last_epoch is not None and summary.last_epoch >= 3  # several epochs, each checked in its staging job
+    expected = oracle(docs)
+    assert table_rows(spark, table, ["id"]) == expected
+    assert delta_rs_rows(table, ["id"]) == expected
+
+    more = wave(150, 40, range(30, 60), 5)
+    produce(broker, "declared-e2e", more, 2)
+    Runtime(config, spark).run()
+    expected = oracle(docs + more)
+    assert table_rows(spark, table, ["id"]) == expected
+    assert delta_rs_rows(table, ["id"]) == expected
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(FLAT_FIELDS), min_size=10, max_size=60))
+def test_the_routes_agree_on_a_topic_of_generated_records(spark: Any, broker: Broker, tmp_path_factory: Any, corpus: list[str]) -> None:
+    """The differential test of tests/test_documents_arrow.py, on a topic: the same rows, or the
+    same refusals (rule, partition, offset)."""
+    tmp_path = tmp_path_factory.mktemp("kafka-diff")
+    source = _source(broker, tmp_path, [(b"k", line.encode()) for line in corpus], FLAT_SCHEMA)
+    arrow, variant = _both(spark, source, tmp_path)
+    assert arrow == variant
+    event(f"the corpus: {variant[0]}")
