@@ -282,7 +282,7 @@ def _routes_agree(spark: Any, tmp_path: Path, corpus: list[str], ddl: str) -> No
     write(tmp_path / "src" / "a.jsonl", corpus)
     verdicts = _variant_verdicts(spark, tmp_path, ddl)
     schema = spark.createDataFrame([], ddl).schema
-    fast, suspect, _columns = _compile(schema.json(), ("id",), ())
+    fast, suspect, _columns, _whole = _compile(schema.json(), ("id",), ())
     found = 0
     for number, line in enumerate(corpus, start=1):
         if number in verdicts and not re.search(suspect, line) and fast(line.encode(), line.count(":")) is not None:

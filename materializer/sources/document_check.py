@@ -198,9 +198,41 @@ def _compile(
             out.append([None if d is None or (v := d[index]) is UNSET else v for d in docs])
         return out
 
+    from operator import attrgetter
+
+    getters = [attrgetter(name) for name in top.__struct_fields__]
+    strings = [index for index, inner in spec[1] if inner == "str"]
+    # The whole batch at once is for schemas without nested values or names holding ":" (the
+    # others take the per-document path): there a document's keys kept and ":" inside strings are
+    # its set top-level fields, the ":" in its STRING values and what its _meta holds.
+    whole_batches = all(inner in ("str", ("meta",)) for _index, inner in spec[1]) and not spec[2]
+
+    def whole(texts: list[Any]) -> "tuple[list[list[Any]], int, list[int]] | None":
+        """Every document of a batch decoded, as columns (one list per top-level field, ``_meta``
+        last; UNSET where absent), the keys and ``_meta.op`` ":" they account for, and the
+        indexes of the STRING columns (whose ":" the caller adds, counted by Arrow); None when a
+        document is not fast alone (the caller then decides per document). Each text is decoded
+        alone (one C call per document through ``map``, no Python frame), so no document's
+        values can come from another's text."""
+        try:
+            docs = list(map(decode, texts))
+        except errors:
+            return None
+        n = len(docs)
+        cols = [list(map(get, docs)) for get in getters]
+        kept = sum(n - col.count(UNSET) for col in cols)  # the "_meta" key itself included
+        for m in cols[meta]:
+            if m is not UNSET and m.op is not UNSET:
+                kept += 1 + (m.op.count(":") if m.op else 0)
+        for index in top_doubles:
+            col = cols[index]
+            if 0.0 in col and any(v == 0.0 and copysign(1.0, v) < 0 for v in col if v is not UNSET and v is not None):
+                return None
+        return cols, kept, strings
+
     if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
-        return (lambda text, colons: None), SUSPECT, columns
-    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns
+        return (lambda text, colons: None), SUSPECT, columns, None
+    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns, (whole if whole_batches else None)
 
 
 PYTHON_TYPES = {"long": "int64", "integer": "int32", "short": "int16", "byte": "int8", "double": "float64", "boolean": "bool_", "string": "string"}
@@ -227,12 +259,18 @@ double) and a negative zero (whose sign the VARIANT route drops)."""
 
 
 def check_batches(
-    schema_json: str, keys: list[str], hidden: list[str], *, typed: "list[str] | None" = None, keep_text: bool = True
+    schema_json: str, keys: list[str], hidden: list[str], *, typed: "list[str] | None" = None, keep_text: bool = True,
+    whole_batches: bool = True,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function: each batch (``value`` first) with :data:`OK` added; with
     ``typed`` (names of :func:`python_typed` fields), also the fast documents' op
     (:data:`OP_COLUMN`) and those fields (``__p<i>`` for the ``i``-th, NULL for the others). Unless ``keep_text``, a fast document's text is
-    dropped (NULL) on the way back: nothing after this function reads it."""
+    dropped (NULL) on the way back: nothing after this function reads it.
+
+    With a schema of top-level fields only, a batch is first tried whole (``whole_batches``): every
+    text decoded, the columns taken from the decoded values at C speed, and the ":" counted over
+    the batch; when every document is fast (the usual batch) that is the answer, else each
+    document is judged alone as before. Both give the same batch (a test holds them to it)."""
     key = (schema_json, tuple(keys), tuple(hidden))
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -248,17 +286,31 @@ def check_batches(
         compiled = _cache.get(repr(key))
         if compiled is None:
             compiled = _cache[repr(key)] = _compile(*key)
-        fast, suspect, columns = compiled
+        fast, suspect, columns, whole = compiled
         kinds = dict(python_typed(json.loads(schema_json), hidden))
         types = [getattr(pa, PYTHON_TYPES[kinds[name]])() for name in typed or []]
+        positions = {name: index for index, name in enumerate(_top_names(schema_json, hidden))}
         for batch in batches:
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
                 text = text.cast(pa.string())
             # Per batch, in Arrow's C++: each text's ":" count and whether it is suspect.
-            colons = pc.count_substring(text, ":").to_pylist()
+            counts = pc.count_substring(text, ":")
             # A NULL line (none from spark.read.text) is not fast: its suspect is filled true.
-            suspects = pc.fill_null(pc.match_substring_regex(text, suspect), True).to_pylist()
+            suspected = pc.fill_null(pc.match_substring_regex(text, suspect), True)
+            if whole_batches and whole is not None and typed is not None and len(text) and not pc.any(suspected).as_py():
+                found = whole(text.to_pylist())
+                if found is not None:
+                    cols, kept, strings = found
+                    arrays = {i: pa.array(_unset_as_none(cols[i]), pa.string()) for i in strings}
+                    kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings)
+                    if kept == pc.sum(counts).as_py():
+                        # Every document is fast: a text holds at least the ":" its decoded value
+                        # accounts for, so equal sums mean equal counts, document by document.
+                        yield _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
+                        continue
+            colons = counts.to_pylist()
+            suspects = suspected.to_pylist()
             width = "q" if text.type == pa.large_string() else "i"
             offsets = memoryview(text.buffers()[1]).cast(width)[text.offset: text.offset + len(text) + 1].tolist()
             data = text.buffers()[2]
@@ -279,6 +331,43 @@ def check_batches(
             yield pa.RecordBatch.from_arrays(out, names=names)
 
     return run
+
+
+def _top_names(schema_json: str, hidden: "tuple[str, ...] | list[str]") -> list[str]:
+    """The top-level names of the validator's ``Struct`` in its order (hidden names left out)."""
+    import json
+
+    return [f["name"] for f in json.loads(schema_json)["fields"] if f["name"] not in hidden]
+
+
+def _unset_as_none(values: list[Any]) -> list[Any]:
+    from msgspec import UNSET
+
+    return values if UNSET not in values else [None if v is UNSET else v for v in values]
+
+
+def _whole_batch(batch: Any, cols: list[list[Any]], arrays: dict[int, Any], typed: list[str], types: list[Any], positions: dict[str, int], keep_text: bool, pa: Any, pc: Any) -> Any:
+    """The output of :func:`check_batches` for a batch whose documents are all fast."""
+    from msgspec import UNSET
+
+    n = batch.num_rows
+    metas = cols[-1]
+    if metas.count(UNSET) == n:
+        ops = pa.array(["u"] * n, pa.string())
+    else:
+        ops = pa.array(["d" if m is not UNSET and m.op == "d" else "u" for m in metas], pa.string())
+    out = [*batch.columns, pc.is_valid(batch.column(0)), ops]
+    names = [*batch.schema.names, OK, OP_COLUMN]
+    for index, (name, arrow_type) in enumerate(zip(typed, types)):
+        position = positions[name]
+        if position in arrays and arrays[position].type == arrow_type:
+            out.append(arrays[position])
+        else:
+            out.append(pa.array(_unset_as_none(cols[position]), arrow_type))
+        names.append(f"{TYPED_PREFIX}{index}")
+    if not keep_text:
+        out[0] = pa.nulls(n, batch.column(0).type)
+    return pa.RecordBatch.from_arrays(out, names=names)
 
 
 OP_COLUMN = "__op"

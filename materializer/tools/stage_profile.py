@@ -104,6 +104,19 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         parquet(combine(rows), "ours-arrow-from-json")
         verify()
 
+    def ours_arrow_alone_parquet() -> None:
+        # The arrow validator judging each document alone, as before it tried a batch whole.
+        import functools
+
+        from materializer.sources import document_check
+
+        whole = document_check.check_batches
+        document_check.check_batches = functools.partial(whole, whole_batches=False)
+        try:
+            ours_arrow_parquet()
+        finally:
+            document_check.check_batches = whole
+
     def arrow_only_noop() -> None:
         # The validator's pass alone: lines to Python and back, no typing.
         from materializer.sources.document_check import OK, check_batches
@@ -152,6 +165,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench.latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
         "ours stage parquet, arrow validator (#25)": ours_arrow_parquet,
+        "ours stage parquet, arrow validator, each document alone (before)": ours_arrow_alone_parquet,
         "ours stage parquet, arrow validator, from_json types all (before)": ours_arrow_from_json_parquet,
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
         "ours stage parquet, every field by the VARIANT cast (before typing from text)": ours_parquet_variant_cast,

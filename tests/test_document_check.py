@@ -1,0 +1,72 @@
+"""The arrow validator's function in plain Python (no JVM): a batch judged whole gives exactly the
+batch that judging each document alone gives (issue #25)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from materializer.sources.document_check import OK, _compile, check_batches, python_typed
+from tests.test_documents_arrow import FLAT_FIELDS, documents
+
+SCHEMA = json.dumps({
+    "type": "struct",
+    "fields": [
+        {"name": name, "type": kind, "nullable": True, "metadata": {}}
+        for name, kind in [
+            ("id", "long"), ("i", "integer"), ("s", "short"), ("t", "byte"), ("d", "double"), ("b", "boolean"), ("note", "string"),
+        ]
+    ],
+})
+"""tests/test_documents_arrow.py's FLAT_SCHEMA, as Spark writes it in JSON."""
+TYPED = [name for name, _kind in python_typed(json.loads(SCHEMA), ())]
+
+
+def _rows(lines: list[str], whole: bool, keep_text: bool) -> list[dict[str, Any]]:
+    run = check_batches(SCHEMA, ["id"], [], typed=TYPED, keep_text=keep_text, whole_batches=whole)
+    batch = pa.RecordBatch.from_arrays([pa.array(lines, pa.string())], names=["value"])
+    return [row for out in run(iter([batch])) for row in out.to_pylist()]
+
+
+def _checked(lines: list[str], whole: bool, keep_text: bool) -> str:
+    return repr(_rows(lines, whole, keep_text))  # repr: a -0.0 that became 0.0 would differ
+
+
+def test_a_batch_of_fast_documents_is_judged_whole_and_as_each_alone() -> None:
+    lines = [
+        '{"id": 1, "i": 2, "s": -3, "t": 4, "d": 1.5, "b": true, "note": "a:b:c"}',
+        '{"id": 2}',
+        '{"id": 3, "note": null, "d": 1e-300, "_meta": {"op": "d"}}',
+        '{"_meta": {"op": "u:x"}, "id": 4, "d": 0.0}',
+        '{"id": 5, "_meta": {}}',
+    ]
+    whole = _compile(SCHEMA, ("id",), ())[3]
+    assert whole is not None and whole(lines) is not None  # the whole-batch path is taken
+    for keep_text in (True, False):
+        judged = _checked(lines, True, keep_text)
+        assert judged == _checked(lines, False, keep_text)
+        assert "'d'" in judged and judged.count(f"'{OK}': True") == len(lines)
+
+
+def test_a_batch_with_a_negative_zero_or_a_dropped_key_is_judged_document_by_document() -> None:
+    for odd in ['{"id": 6, "d": -1e-400}', '{"id": 7, "note": "x", "note": "y:z"}', '{"id": 8, "i": 1, "i": 2}']:
+        lines = ['{"id": 1, "note": "a"}', odd]
+        judged = _checked(lines, True, False)
+        assert judged == _checked(lines, False, False)
+        assert judged.count(f"'{OK}': True") == 1, (odd, judged)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(FLAT_FIELDS), min_size=1, max_size=30), keep_text=st.booleans())
+def test_generated_batches_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
+    alone = _checked(corpus, False, keep_text)
+    assert _checked(corpus, True, keep_text) == alone
+    # The fast ones alone make a batch the whole-batch path answers for.
+    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text)) if row[OK]]
+    event(f"fast documents: {'none' if not fast else 'some'}")
+    if fast:
+        assert _checked(fast, True, keep_text) == _checked(fast, False, keep_text)
