@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from materializer.errors import SourceError
-from materializer.sources.document_check import VALIDATOR_CONF
+from materializer.sources.document_route import VALIDATOR_CONF
 from tests.test_documents import declared, write
 from tests.test_documents_one_pass import staged_then_verified
 
@@ -311,14 +311,14 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     """mapInArrow and from_json through a Connect server (as Databricks serverless runs them):
     the fast documents land, a refused one is named by file and line, nothing of its epoch lands."""
     from materializer.runtime import Runtime
-    from materializer.sources import document_check
+    from materializer.sources import document_route
     from tests.helpers import binding, table_rows, write_jsonl
     from tests.test_holes import config_with
 
     spark = connect_spark
     routes: list[str] = []
-    original = document_check.deferred
-    monkeypatch.setattr(document_check, "deferred", lambda reader, parsed: (routes.append("arrow"), original(reader, parsed))[1])
+    original = document_route.deferred
+    monkeypatch.setattr(document_route, "deferred", lambda reader, parsed: (routes.append("arrow"), original(reader, parsed))[1])
     table = tmp_path / "tables" / "items"
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "amount": 1.5}, {"id": 2, "note": "a:b"}, {"id": 5, "note": {"any": 1}}, {"id": 1, "_meta": {"op": "d"}}])
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "amount": 2}, {"id": 4, "colour": "red"}])

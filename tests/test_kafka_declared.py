@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from materializer.config import load_config
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
-from materializer.sources.document_check import VALIDATOR_CONF
+from materializer.sources.document_route import VALIDATOR_CONF
 from materializer.sources.kafka import KafkaSource
 from materializer.storage import open_store
 from tests.helpers import delta_rs_rows, table_rows, write_config

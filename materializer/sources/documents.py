@@ -209,7 +209,7 @@ class DocumentsSource(Source):
         )
         change_controlled(reader, self.binding)
         if declared is not None:
-            from materializer.sources.document_check import validator
+            from materializer.sources.document_route import validator
 
             reader.validator = validator(spark)
         parsed = reader.parsed(plan)

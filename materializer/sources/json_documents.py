@@ -25,7 +25,8 @@ file concerned numbered line by line (in Spark), and the offending line looked a
 This module is the reader (:class:`DocumentReader`: read, check, type, locate); its pieces live
 beside it: the per-document checks as a Spark column (``document_rules.py``), shapes judged in
 plain Python (``document_shapes.py``), a declared ``source.schema`` (``document_schema.py``), the
-typing of the rows (``document_types.py``), and the checks in Arrow batches (``document_check.py``).
+typing of the rows (``document_types.py``), and the checks in Arrow batches (``document_check.py`` on the
+executors, ``document_route.py`` the staging job's plan around them).
 """
 
 from __future__ import annotations
@@ -318,9 +319,9 @@ class DocumentReader:
 
         assert self.declared is not None
         if self.validator == "arrow" and self.lines is not None:  # (a routed topic's records come parsed)
-            from materializer.sources import document_check
+            from materializer.sources import document_route
 
-            return document_check.deferred(self, parsed)
+            return document_route.deferred(self, parsed)
         self.deferred_documents = parsed
         checked = self.checked(parsed)
         # A VARIANT cast fails on a value that does not fit its type (whatever spark.sql.ansi.enabled
@@ -461,7 +462,7 @@ class DocumentReader:
         columns = [] if doc is None else [typed(doc[f.name], f.dataType) for f in schema.fields]
         if "__ok" in parsed.columns:
             # The arrow validator's fast documents, typed by the validator or from_json (document_check).
-            from materializer.sources.document_check import OP_COLUMN, typed_fast
+            from materializer.sources.document_route import OP_COLUMN, typed_fast
 
             columns = [typed_fast(c, f.name, self, parsed.columns) for c, f in zip(columns, schema.fields)]
             op = F.when(F.col("__ok"), F.col(OP_COLUMN)).otherwise(op)
@@ -476,9 +477,9 @@ class DocumentReader:
         """A cast the per-document checks could not foresee (a value inside an array, say)."""
         text = str(exc)
         if self.validator == "arrow":
-            from materializer.sources import document_check
+            from materializer.sources import document_route
 
-            found = document_check.explain(self, text)
+            found = document_route.explain(self, text)
             if found is not None:
                 return found
         if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:

@@ -121,7 +121,7 @@ class KafkaSource(KafkaTransport, Source):
             # checked by msgspec on the executors where the session allows it (document_check).
             # Not for debezium (its rows depend on what the epoch's checks find: placeholders,
             # semantic types), sequence_by or dead letters (as for files).
-            from materializer.sources.document_check import validator
+            from materializer.sources.document_route import validator
 
             reader.validator = validator(spark)
             documents, verify = reader.deferred(self.parsed(spark, reader, plan))

@@ -96,11 +96,11 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     def ours_arrow_from_json_parquet() -> None:
         # The arrow validator as it was before it typed the scalars itself: from_json types all.
-        from materializer.sources import document_check
+        from materializer.sources import document_route
 
         r, parsed = reader("arrow")
         r.deferred_documents = parsed
-        rows, verify = document_check.deferred(r, parsed, python_types=False)
+        rows, verify = document_route.deferred(r, parsed, python_types=False)
         parquet(combine(rows), "ours-arrow-from-json")
         verify()
 

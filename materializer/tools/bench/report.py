@@ -106,6 +106,7 @@ def figures(
             "epochs": kafka["epochs"],
             "partitions": kafka_partitions,
             **_summary(kafka["epochs"], big, ("read", "stage", "apply", "total")),
+            **_cpu(kafka["epochs"], big),
             "wall_seconds_per_epoch": _wall_per_epoch(kafka["epochs"], big),
         }
     if replay is not None:
@@ -332,6 +333,7 @@ def summary_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ("peer rows/s", lambda c: _fmt((c.get("peer") or {}).get("rows_per_second"), "rows/s")),
         ("ours from Kafka: s/epoch end to end", lambda c: _fmt((c.get("kafka") or {}).get("median_total_seconds"))),
         ("  read (offsets, Spark reads + checks)", lambda c: _fmt((c.get("kafka") or {}).get("median_read_seconds"))),
+        ("  Kafka CPU s/epoch: Python / JVM / workers", lambda c: _cpu_parts(c.get("kafka") or {})),
         ("ours from Kafka rows/s", lambda c: _fmt((c.get("kafka") or {}).get("rows_per_second"), "rows/s")),
         ("Kafka / files (ours)", lambda c: _fmt(c["ratios"].get("kafka_over_files"), "x")),
         ("ours / bare", lambda c: _fmt(c["ratios"]["ours_over_bare"], "x")),

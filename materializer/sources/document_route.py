@@ -1,0 +1,164 @@
+"""The arrow validator's route through the staging job (issue #25): the plan the driver builds
+around :func:`materializer.sources.document_check.check_batches` (DataFrame calls only), the conf
+that picks the validator, and the errors its job can end with.
+
+One Spark job reads the lines, marks the fast ones in Arrow batches on the executors and types
+their top-level scalars there, types their other declared fields with ``from_json``, and sends the
+others down the VARIANT route, all ahead of the staging write (:func:`deferred`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from materializer.sources import document_check
+from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PREFIX, python_typed
+
+__all__ = ["DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "VALIDATOR_CONF", "deferred", "explain", "typed_fast", "validator"]
+
+VALIDATOR_CONF = "spark.materializer.documents.validator"
+"""The Spark conf that picks how declared documents are checked: ``arrow`` (this module) or
+``variant`` (Spark expressions only, :mod:`materializer.sources.documents`)."""
+DEFAULT_VALIDATOR = "arrow"
+"""With a declared schema, unless the conf says otherwise: measured cheaper than the VARIANT route
+(docs, Performance) and held to the same tables and refusals by tests/test_documents_arrow.py."""
+DRIVER_NEEDS = ("msgspec", "pyarrow", "pandas")
+"""What ``mapInArrow`` and the validator need in the driver's Python (PySpark builds the function
+with pandas_udf, which asks for pandas and pyarrow)."""
+
+
+def validator(spark: Any) -> str:
+    """The validator the session asks for (:data:`VALIDATOR_CONF`). Unset, the arrow validator
+    when the driver's Python has what it needs, else the VARIANT route: both give the same tables
+    and the same refusals, so the choice is one of cost only."""
+    import importlib.util
+
+    from materializer.errors import ConfigError
+
+    chosen = (spark.conf.get(VALIDATOR_CONF, "") or "").strip().lower()
+    missing = [name for name in DRIVER_NEEDS if importlib.util.find_spec(name) is None]
+    if not chosen:
+        return DEFAULT_VALIDATOR if not missing else "variant"
+    if chosen not in ("arrow", "variant"):
+        raise ConfigError(f"Spark conf {VALIDATOR_CONF} is {chosen!r}; it must be 'arrow' or 'variant'")
+    if chosen == "arrow" and missing:
+        raise ConfigError(
+            f"Spark conf {VALIDATOR_CONF} is 'arrow', but this Python lacks {', '.join(missing)}: install "
+            "them (pip install 'delta-materializer[local]' brings them), or set the conf to 'variant'"
+        )
+    return chosen
+
+
+FAST_JSON = "__j"
+"""The fast documents' fields the validator does not type (:func:`python_typed`), typed by
+``from_json`` (NULL for the other documents; absent when every declared field is typed by it)."""
+
+
+def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[Any, Callable[[], int]]:
+    """The documents reader's deferred checks (``DocumentReader.deferred``), fast documents first: one
+    Spark job reads the lines, marks the fast ones in Arrow batches and types their top-level
+    scalars there (:func:`python_typed`; their other fields with ``from_json``), and sends the
+    others down the VARIANT route (parse, the staging job's lean checks, cast), all
+    ahead of the staging write. ``parsed`` (the VARIANT route over every line) is kept for the
+    error path: when any document is refused, the VARIANT route's full check job names it.
+    ``python_types=False`` types every field with ``from_json`` (the route before the validator
+    typed scalars; ``stage_profile`` measures both)."""
+    import json
+    import uuid
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from materializer.errors import SourceError
+    from materializer.sources.variant_shape import parse_shape
+    from materializer.sources.json_text import parse_one
+
+    declared = reader.declared
+    assert declared is not None and reader.lines is not None
+    reader.deferred_documents = parsed
+    value = F.col("value")
+    lines = reader.document_lines()  # as the VARIANT route reads them (files: blank lines skipped)
+    fields = python_typed(json.loads(declared.json()), reader.hidden) if python_types else []
+    by_python = {name: declared[name].dataType for name, _dtype in fields}
+    # The other declared fields (nested, or of a type whose value makes no document fast unless
+    # null: timestamps, dates, decimals, floats, maps, binary) are typed by from_json, so Spark's
+    # verdict on them stays final even for a document the validator were wrong to call fast.
+    by_spark = [f for f in declared.fields if f.name not in by_python and f.name not in reader.hidden]
+    marked = lines.mapInArrow(
+        # The validator types the top-level scalars itself; the text goes back only when
+        # from_json must type other fields.
+        document_check.check_batches(declared.json(), list(reader.keys), list(reader.hidden), typed=list(by_python), keep_text=bool(by_spark)),
+        T.StructType(
+            [
+                *lines.schema.fields,
+                T.StructField(OK, T.BooleanType(), False),
+                T.StructField(OP_COLUMN, T.StringType()),
+                *[T.StructField(f"{TYPED_PREFIX}{i}", dtype) for i, dtype in enumerate(by_python.values())],
+            ]
+        ),
+    )
+    reader.typed_by_python = {name: f"{TYPED_PREFIX}{i}" for i, name in enumerate(by_python)}
+    ok = F.col(OK)
+    staged = marked.withColumn("__v", F.when(~ok, parse_one(value)))
+    if by_spark:
+        # FAILFAST: a value from_json cannot read fails the job (explain names the document), it
+        # never lands as a NULL.
+        staged = staged.withColumn(FAST_JSON, F.when(ok, F.from_json(value, T.StructType(by_spark), {"mode": "FAILFAST"})))
+    checked = staged.withColumn("__parts", F.when(~ok, reader.variant_parts(lean=True))).withColumn(
+        "__problem", F.when(~ok, reader.problem(lean=True))
+    )
+    tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
+    good = checked.observe(tallies, *reader.tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
+
+    def verify() -> int:
+        row = tallies.get
+        reader.fast = int(row["fast"])
+        shape = row["shape"]
+        if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
+            reader.check(parsed)  # the VARIANT route over every document names the refused ones
+            raise SourceError(
+                f"{reader.store.uri}: a document of this transaction is refused by the staging job's checks but "
+                f"not by the full checks; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and "
+                "report this as a bug. " + reader.hint()
+            )
+        return int(row["n"])
+
+    return reader.rows(good, declared), verify
+
+
+def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
+    """A declared field: for a fast document the validator's value (:func:`python_typed`) or
+    ``from_json``'s (the other fields); ``column`` (the VARIANT route's) for the others.
+    ``columns``: the plan's."""
+    from pyspark.sql import functions as F
+
+    if name in reader.typed_by_python:
+        fast = F.col(reader.typed_by_python[name])
+    elif FAST_JSON in columns:
+        fast = F.col(FAST_JSON)[name]
+    else:
+        fast = F.lit(None)  # a name the table keeps for itself: never in a fast document
+    return F.when(F.col(OK), fast).otherwise(column)
+
+
+def explain(reader: Any, text: str) -> Any:
+    """The error for a staging job that failed on this route (None: not this route's failure)."""
+    from materializer.errors import SourceError
+
+    if MISSING in text or "msgspec is not installed on this Spark executor" in text:
+        return SourceError(MISSING)
+    if "No module named 'pyarrow'" in text or "No module named 'pandas'" in text:
+        return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
+    if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
+        return None
+    if reader.deferred_documents is not None:
+        try:
+            reader.check(reader.deferred_documents)
+        except SourceError as located:
+            return located
+    return SourceError(
+        f"{reader.store.uri}: Spark's JSON parser (from_json, with source.schema) could not read a document that "
+        f"every check passed; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and report this as "
+        "a bug. " + reader.hint()
+    )
