@@ -117,6 +117,18 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         finally:
             document_check.check_batches = whole
 
+    def variant_inference() -> None:
+        # Without source.schema: the VARIANT route's check job (parse, checks, schema_of_variant_agg).
+        r = DocumentReader(spark, store, [bench.KEY], None, None)
+        found, legacy = store.list(), []
+        r.check(r.parsed(plan_epoch(found, None, 1000, 1 << 40, store.uri, legacy)))
+
+    def python_kinds() -> None:
+        # Issue #25 item 2's question: the same pass in Python (msgspec decode, each top-level
+        # field's JSON kinds folded per batch), without any of the checks or the nested types.
+        kinds = lines().mapInArrow(_fold_kinds, "kinds string").agg(F.collect_set("kinds")).first()
+        assert kinds is not None and kinds[0]
+
     def arrow_only_noop() -> None:
         # The validator's pass alone: lines to Python and back, no typing.
         from materializer.sources.document_check import OK, check_batches
@@ -161,6 +173,8 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "ours: parse + cast, no checks, noop": ours_unchecked_noop,
         "ours: parse + checks + cast, noop": ours_noop,
         "arrow: msgspec pass alone (mapInArrow), noop": arrow_only_noop,
+        "no schema: the VARIANT route's check job (types inferred)": variant_inference,
+        "no schema: top-level kinds folded in Python (no checks)": python_kinds,
         "arrow: validator + from_json, noop": ours_arrow_noop,
         "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench.latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
@@ -170,6 +184,21 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
         "ours stage parquet, every field by the VARIANT cast (before typing from text)": ours_parquet_variant_cast,
     }
+
+
+def _fold_kinds(batches: Any) -> Any:
+    """Each batch's top-level fields and the JSON kinds they hold (``name:kind|kind``)."""
+    import msgspec
+    import pyarrow as pa
+
+    decode = msgspec.json.decode
+    names = {dict: "object", list: "array", bool: "boolean", int: "integer", float: "double", str: "string"}
+    for batch in batches:
+        seen: dict[str, set[str]] = {}
+        for text in batch.column(0).to_pylist():
+            for key, value in decode(text).items():
+                seen.setdefault(key, set()).add(names.get(type(value), "null"))
+        yield pa.RecordBatch.from_arrays([pa.array([f"{k}:{'|'.join(sorted(v))}" for k, v in seen.items()], pa.string())], names=["kinds"])
 
 
 def main(argv: list[str] | None = None) -> None:
