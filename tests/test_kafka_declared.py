@@ -134,6 +134,7 @@ def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any,
     produce(broker, "declared-e2e", docs, 2)
     summary = Runtime(config, spark).run()
     assert summary.last_epoch is not None and summary.last_epoch >= 3  # several epochs, each checked in its staging job
+    assert sum(e.documents["d"] for e in summary.epochs) == len(docs)  # counted by the staging job's checks
     expected = oracle(docs)
     assert table_rows(spark, table, ["id"]) == expected
     assert delta_rs_rows(table, ["id"]) == expected
@@ -157,3 +158,22 @@ def test_the_routes_agree_on_a_topic_of_generated_records(spark: Any, broker: Br
     arrow, variant = _both(spark, source, tmp_path)
     assert arrow == variant
     event(f"the corpus: {variant[0]}")
+
+
+def test_a_refused_epoch_commits_nothing_and_leaves_no_staged_file(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    from tests.test_holes import files_under, last_epoch
+
+    broker.create_topic("declared-refused", 1)
+    table = tmp_path / "tables" / "r"
+    config = load_config(write_config(tmp_path, [
+        kafka_binding(broker, "r", "declared-refused", table, schema="id BIGINT, v BIGINT", max_records=3),
+    ]))
+    broker.produce("declared-refused", [
+        (b"1", b'{"id": 1, "v": 1}', 0), (b"2", b'{"id": 2, "v": 2}', 0), (b"3", b'{"id": 3}', 0),
+        (b"4", b'{"id": 4, "v": 4}', 0), (b"5", b'{"id": 5, "v": "five"}', 0), (b"6", b'{"id": 6}', 0),
+    ])
+    with pytest.raises(SourceError, match="partition 0 offset 4: a value does not fit source.schema: field 'v' holds \"five\""):
+        Runtime(config, spark).run()
+    assert last_epoch(config) == 1  # the second range was refused before its log commit
+    assert [f for f in files_under(tmp_path / "staging") if "staged" in f.parts] == []
+    assert delta_rs_rows(table, ["id"]) == {(1,): {"id": 1, "v": 1}, (2,): {"id": 2, "v": 2}, (3,): {"id": 3}}
