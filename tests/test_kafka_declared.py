@@ -177,3 +177,20 @@ def test_a_refused_epoch_commits_nothing_and_leaves_no_staged_file(spark: Any, b
     assert last_epoch(config) == 1  # the second range was refused before its log commit
     assert [f for f in files_under(tmp_path / "staging") if "staged" in f.parts] == []
     assert delta_rs_rows(table, ["id"]) == {(1,): {"id": 1, "v": 1}, (2,): {"id": 2, "v": 2}, (3,): {"id": 3}}
+
+
+def test_without_a_schema_the_range_is_read_from_the_broker_once(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    """The checks' job reads the range and keeps it: the staging job reads no broker. Shown by
+    deleting the records between the two jobs (a second read would fail, failOnDataLoss)."""
+    broker.create_topic("held", 1)
+    broker.produce("held", [(b"1", b'{"id": 1, "v": 1}', 0), (b"2", b'{"id": 2, "v": 2}', 0), (b"1", b'{"id": 1, "v": 3}', 0)])
+    config = load_config(write_config(tmp_path, [kafka_binding(broker, "h", "held", tmp_path / "table")]))
+    source = KafkaSource(config.bindings[0], open_store(config.staging))
+    source.defer_checks = True  # no schema: the checks still run in a job of their own
+    batch = source.next_batch(spark, None, 100, "x")
+    assert batch is not None and batch.verify is None and batch.count == 3
+    broker.delete_records("held", 0, 3)
+    rows = sorted((r["id"], r["v"], r["_seq"]["offset"]) for r in batch.documents.collect())
+    assert rows == [(1, 1, 0), (1, 3, 2), (2, 2, 1)]
+    assert source.next_batch(spark, {"offsets": {"held": {"0": 3}}}, 100, "x") is None  # and lets go of them
+    assert source._held is None

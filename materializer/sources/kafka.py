@@ -65,6 +65,7 @@ class KafkaSource(KafkaTransport, Source):
         config = self.binding.source
         plan = self.plan(checkpoint, config.max_records or max_documents)
         if plan.empty:
+            self._release()
             return None
         if config.kafka_max_bytes is not None:
             plan = self.bounded(spark, plan, config.kafka_max_bytes)
@@ -109,9 +110,28 @@ class KafkaSource(KafkaTransport, Source):
             )
         return reader
 
-    def parsed(self, spark: "SparkSession", reader: KafkaReader, plan: Plan) -> "DataFrame":
-        """The plan's records as documents (:meth:`KafkaReader.parsed`), before the checks."""
-        return reader.parsed(self.records(spark, plan))
+    def parsed(self, spark: "SparkSession", reader: KafkaReader, plan: Plan, *, hold: bool = False) -> "DataFrame":
+        """The plan's records as documents (:meth:`KafkaReader.parsed`), before the checks.
+        ``hold``: the records read from the brokers are kept (persisted) until the next batch, so
+        the epoch's jobs (its checks, then its staging) read the brokers once."""
+        records = self.records(spark, plan)
+        return reader.parsed(self._hold(records) if hold else records)
+
+    _held: "DataFrame | None" = None
+
+    def _hold(self, records: "DataFrame") -> "DataFrame":
+        from pyspark import StorageLevel
+
+        self._release()
+        self._held = records.persist(StorageLevel.MEMORY_AND_DISK)
+        return self._held
+
+    def _release(self) -> None:
+        """Let go of the records an earlier batch kept (its staging job has run: the runtime reads
+        the next batch only after it staged this one)."""
+        if self._held is not None:
+            self._held.unpersist()
+            self._held = None
 
     def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False) -> SourceBatch:
         reader = self.reader(spark, checkpoint)
@@ -131,7 +151,9 @@ class KafkaSource(KafkaTransport, Source):
                 explain=reader.explain, lag=lag, verify=verify,
             )
         try:
-            parsed = self.parsed(spark, reader, plan)
+            # The checks' job, then the staging job (and the dead letters'): the range is read
+            # from the brokers once, by the first of them, and kept for the others.
+            parsed = self.parsed(spark, reader, plan, hold=True)
             count, schema = reader.check(parsed)
             rejected = None
             if reader.bad:

@@ -245,10 +245,10 @@ class RoutedKafkaSource(KafkaSource):
             return None
         return self._batch(spark, self.router.position, plan)
 
-    def parsed(self, spark: "SparkSession", reader: Any, plan: Plan) -> "DataFrame":
-        kept = self.router.parsed_of(plan, self.binding.source)
+    def parsed(self, spark: "SparkSession", reader: Any, plan: Plan, *, hold: bool = False) -> "DataFrame":
+        kept = self.router.parsed_of(plan, self.binding.source)  # the router keeps the records read
         if kept is None:
-            return super().parsed(spark, reader, plan)
+            return super().parsed(spark, reader, plan, hold=hold)
         return kept
 
 
