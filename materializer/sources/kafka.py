@@ -143,6 +143,7 @@ class KafkaSource(KafkaTransport, Source):
             # semantic types), sequence_by or dead letters (as for files).
             from materializer.sources.document_route import validator
 
+            self._release()  # (a replay's records, say)
             reader.validator = validator(spark)
             documents, verify = reader.deferred(self.parsed(spark, reader, plan))
             lag, words = self.lag(plan)
