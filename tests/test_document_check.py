@@ -70,3 +70,13 @@ def test_generated_batches_are_judged_the_same_whole_and_alone(corpus: list[str]
     event(f"fast documents: {'none' if not fast else 'some'}")
     if fast:
         assert _checked(fast, True, keep_text) == _checked(fast, False, keep_text)
+
+
+def test_the_function_still_pickles_after_it_ran_in_this_process() -> None:
+    """mapInArrow pickles the function by value: after a run in the driver filled the compiled
+    cache, the function must not carry that cache (msgspec's decoders do not pickle)."""
+    from pyspark import cloudpickle
+
+    _rows(['{"id": 1}'], True, False)
+    run = check_batches(SCHEMA, ["id"], [], typed=TYPED, keep_text=False)
+    assert cloudpickle.loads(cloudpickle.dumps(run)) is not None

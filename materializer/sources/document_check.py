@@ -68,6 +68,16 @@ _RANGES = {"long": 63, "integer": 31, "short": 15, "byte": 7}
 _cache: dict[str, Any] = {}
 
 
+def _compiled(key: tuple[Any, ...]) -> Any:
+    """:func:`_compile` of ``key``, once per process. Reached through this module-level function:
+    a closure that read ``_cache`` itself would be pickled with it, and a cache filled in the
+    driver (a test, a tool) holds decoders that cannot be pickled."""
+    found = _cache.get(repr(key))
+    if found is None:
+        found = _cache[repr(key)] = _compile(*key)
+    return found
+
+
 def _compile(
     schema_json: str, keys: tuple[str, ...], hidden: tuple[str, ...]
 ) -> tuple[Callable[[bytes, int], "tuple[Any, ...] | None"], str, Callable[[list[Any]], list[Any]]]:
@@ -285,10 +295,7 @@ def check_batches(
             import msgspec  # noqa: F401
         except ImportError:
             raise RuntimeError(MISSING) from None
-        compiled = _cache.get(repr(key))
-        if compiled is None:
-            compiled = _cache[repr(key)] = _compile(*key)
-        fast, suspect, columns, whole = compiled
+        fast, suspect, columns, whole = _compiled(key)
         kinds = dict(python_typed(json.loads(schema_json), hidden))
         types = [getattr(pa, PYTHON_TYPES[kinds[name]])() for name in typed or []]
         positions = {name: index for index, name in enumerate(_top_names(schema_json, hidden))}
