@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from materializer.config import load_config
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
-from materializer.sources.document_route import VALIDATOR_CONF
 from materializer.sources.kafka import KafkaSource
 from materializer.storage import open_store
 from tests.helpers import delta_rs_rows, table_rows, write_config
 from tests.kafka_broker import Broker
-from tests.test_documents_arrow import FLAT_FIELDS, FLAT_SCHEMA, documents
+from tests.test_documents_arrow import FLAT_FIELDS, FLAT_SCHEMA, _run, documents
 from tests.test_kafka import kafka_binding, oracle, produce, wave
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -46,32 +45,10 @@ def _source(broker: Broker, tmp_path: Path, records: list[tuple[Any, Any]], ddl:
     return source
 
 
-def _run(spark: Any, source: KafkaSource, validator: str, out: Path) -> tuple[str, Any]:
-    """One epoch through the deferred path with ``validator``: ("ok", (count, rows by _seq, as
-    reprs)) or ("refused", the error's text)."""
-    spark.conf.set(VALIDATOR_CONF, validator)
-    try:
-        try:
-            batch = source.next_batch(spark, None, 1000, "x")
-            assert batch is not None and batch.verify is not None, "the checks were not deferred to the staging job"
-            try:
-                batch.documents.write.mode("overwrite").parquet(str(out))
-            except Exception as exc:
-                explained = batch.explain(exc) if batch.explain is not None else None
-                if explained is not None:
-                    raise explained from exc
-                raise
-            count = batch.verify()
-        except SourceError as exc:
-            return "refused", str(exc)
-        rows = spark.read.parquet(str(out)).orderBy("_seq").collect()
-        return "ok", (count, [repr(r) for r in rows])
-    finally:
-        spark.conf.unset(VALIDATOR_CONF)
-
-
 def _both(spark: Any, source: KafkaSource, tmp_path: Path) -> tuple[tuple[str, Any], tuple[str, Any]]:
-    return _run(spark, source, "arrow", tmp_path / "arrow"), _run(spark, source, "variant", tmp_path / "variant")
+    """One epoch of the topic through each route (tests/test_documents_arrow.py's ``_run``: staged,
+    explained if the job fails, verified)."""
+    return _run(spark, tmp_path, "arrow", source), _run(spark, tmp_path, "variant", source)
 
 
 @pytest.mark.parametrize(

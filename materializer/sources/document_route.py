@@ -152,11 +152,9 @@ def explain(reader: Any, text: str) -> Any:
         return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
     if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
         return None
-    if reader.deferred_documents is not None:
-        try:
-            reader.check(reader.deferred_documents)
-        except SourceError as located:
-            return located
+    located = reader.located()
+    if located is not None:
+        return located
     return SourceError(
         f"{reader.store.uri}: Spark's JSON parser (from_json, with source.schema) could not read a document that "
         f"every check passed; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and report this as "

@@ -473,6 +473,17 @@ class DocumentReader:
             columns.append(sequence_column(F.col("__v"), self.sequence_by, self.shape, self.store.uri).alias(SEQUENCE))
         return parsed.select(*columns, op.alias(OP), F.col(SEQ))
 
+    def located(self) -> SourceError | None:
+        """With the checks deferred to a staging job that failed: the full checks' error naming
+        the refused documents (a Spark job, error path only); None when they refuse none."""
+        if self.deferred_documents is None:
+            return None
+        try:
+            self.check(self.deferred_documents)
+        except SourceError as found:
+            return found
+        return None
+
     def explain(self, exc: BaseException) -> SourceError | None:
         """A cast the per-document checks could not foresee (a value inside an array, say)."""
         text = str(exc)
@@ -484,13 +495,11 @@ class DocumentReader:
                 return found
         if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:
             return None
-        if self.deferred_documents is not None:
-            # Checks deferred to the staging job, which the cast failed: the check job (error
-            # path only) names the file and line when a document's kind is what failed it.
-            try:
-                self.check(self.deferred_documents)
-            except SourceError as located:
-                return located
+        # Checks deferred to the staging job, which the cast failed: the check job (error path
+        # only) names the file and line when a document's kind is what failed it.
+        located = self.located()
+        if located is not None:
+            return located
         first = next((line for line in text.splitlines() if "INVALID_VARIANT_CAST" in line or "CAST_INVALID_INPUT" in line), text)
         what = "does not fit source.schema" if self.declared is not None else "cannot be converted"
         fix = "Fix the document, or change source.schema" if self.declared is not None else "Fix the document"
