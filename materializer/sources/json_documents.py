@@ -194,22 +194,24 @@ class DocumentReader:
         """The epoch's texts that are documents (``value`` first, as :attr:`lines` has it), for a
         check that reads the text itself (:mod:`document_check`): the lines :meth:`_with_variant`
         keeps, blank ones skipped."""
-        from pyspark.sql import functions as F
-
         assert self.lines is not None
-        value = F.col("value")
-        blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
-        return self.lines.where(value.startswith("{") | ~blank)
+        return self._not_blank(self.lines)
 
     @staticmethod
-    def _with_variant(text: "DataFrame") -> "DataFrame":
+    def _not_blank(text: "DataFrame") -> "DataFrame":
         from pyspark.sql import functions as F
 
         value = F.col("value")
         blank = F.trim(value, F.lit(" \t\r\n\f\u000b")) == F.lit("")
         # A line that starts with "{" is not blank: the trim (half the cost of reading the lines
         # again) runs for the others only.
-        return text.where(value.startswith("{") | ~blank).withColumn("__v", parse_one(value))
+        return text.where(value.startswith("{") | ~blank)
+
+    @classmethod
+    def _with_variant(cls, text: "DataFrame") -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        return cls._not_blank(text).withColumn("__v", parse_one(F.col("value")))
 
     # --- checking ---
 
