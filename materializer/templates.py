@@ -75,17 +75,27 @@ def values_for(template: BindingTemplate, found: str) -> dict[str, str] | None:
     source = template.source
     if source.route_by is not None:
         topic, values = routed_values(found)
-        return {**values, "topic": topic} if topic == source.topic and set(values) == set(source.route_by) else None
-    if source.topic_pattern is None:
+        groups = topic_values(template, topic)
+        return {**groups, **values} if groups is not None and set(values) == set(source.route_by) else None
+    if source.format != "kafka":
         return {"folder": found}
-    match = re.fullmatch(source.topic_pattern, found)
-    if match is None or found.startswith("__"):
+    return topic_values(template, found)
+
+
+def topic_values(template: BindingTemplate, topic: str) -> dict[str, str] | None:
+    """A kafka template's placeholders filled by ``topic`` (``{topic}`` and the named groups of
+    ``topic_pattern``); None: the template does not read that topic."""
+    source = template.source
+    if source.topic_pattern is None:
+        return {"topic": topic} if topic == source.topic else None
+    match = re.fullmatch(source.topic_pattern, topic)
+    if match is None or topic.startswith("__"):
         return None
-    values = {"topic": found}
+    values = {"topic": topic}
     for group, value in match.groupdict().items():
         if value is None:
             raise ConfigError(
-                f"templates: topic {found!r} matches topic_pattern {source.topic_pattern!r} without its group "
+                f"templates: topic {topic!r} matches topic_pattern {source.topic_pattern!r} without its group "
                 f"{group!r}, which the template's placeholders need: make the group required, or the pattern narrower"
             )
         values[group] = value
@@ -107,7 +117,10 @@ def takes(template: BindingTemplate, found: str) -> bool:
     records of its topic that name no table)."""
     if values_for(template, found) is not None:
         return True
-    return template.unrouted_dead_letters is not None and found == unrouted_found(template.source.topic or "")
+    if template.unrouted_dead_letters is None:
+        return False
+    topic, values = routed_values(found)
+    return values == {} and topic_values(template, topic) is not None
 
 
 def _make_unrouted(template: BindingTemplate, index: int, found: str) -> Made | None:
@@ -115,16 +128,19 @@ def _make_unrouted(template: BindingTemplate, index: int, found: str) -> Made | 
     reads every range its routed tables read, keeps those records only, and sets each aside as
     a dead letter in the template's dead-letter table; its own table is never written."""
     dead_letters = template.unrouted_dead_letters
-    topic = template.source.topic or ""
-    if dead_letters is None or found != unrouted_found(topic):
+    topic = routed_values(found)[0]
+    if dead_letters is None or not takes(template, found):
         return None
-    name = re.sub(r"[^A-Za-z0-9_]", "_", topic) + UNROUTED_SUFFIX
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    name = safe + UNROUTED_SUFFIX
     if not _IDENT.match(name):
         name = "_" + name
     data = template.model_dump(by_alias=True, exclude_unset=True, exclude={"name", "source", "on_missing", "view", "view_internal_columns"})
     source = template.source.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in", "route_by"})
     source.update(topic=topic, unrouted=sorted((template.source.route_by or {}).values()))
-    data.update(name=name, table=dead_letters + UNROUTED_SUFFIX, dead_letter_table=dead_letters, source=source)
+    # Never written, but a table is a binding's identity: one per topic when a pattern gives several.
+    table = dead_letters + UNROUTED_SUFFIX + ("" if template.source.topic_pattern is None else "_" + safe)
+    data.update(name=name, table=table, dead_letter_table=dead_letters, source=source)
     try:
         binding = BindingConfig.model_validate(data)
     except ValidationError as exc:
@@ -142,7 +158,7 @@ def make(config: PipelineConfig, index: int, found: str) -> Made | None:
     if values is None:
         return None
     if template.source.route_by is not None:
-        what = f"topic {template.source.topic!r} records of " + ", ".join(f"{p}={values[p]!r}" for p in sorted(template.source.route_by))
+        what = f"topic {values['topic']!r} records of " + ", ".join(f"{p}={values[p]!r}" for p in sorted(template.source.route_by))
     else:
         what = f"{'topic' if template.source.format == 'kafka' else 'folder'} {found!r}"
     where = f"templates[{index}]"
@@ -193,12 +209,15 @@ def expand(
     *,
     dropped: set[str] | frozenset[str] = frozenset(),
     epoch: int = 0,
+    routed_topics: dict[int, list[str]] | None = None,
 ) -> Expansion:
     """The configuration's bindings and those its templates make from ``found`` (per template,
     the topics or sub-folders found) and from ``recorded`` (what epoch ``epoch`` covered).
 
     ``dropped``: bindings no longer found whose last epoch this process has applied, with
-    ``on_missing: drop``: left out. Two bindings on one name or one table are a ConfigError
+    ``on_missing: drop``: left out. ``routed_topics``: per ``route_by`` template with a
+    ``topic_pattern``, the topics it matches now (:func:`routed_topics`); a routed table of a topic
+    not among them is missing (without: none is). Two bindings on one name or one table are a ConfigError
     naming both topics or folders."""
     recorded = recorded or {}
     made: dict[str, Made] = {}
@@ -243,9 +262,13 @@ def expand(
             )
         add(candidates[0])
         if not source.startswith("route:"):
-            # A routed table whose records the next epoch does not carry is not missing: its
-            # topic is read by the tables found, and the table goes on being covered.
             missing[name] = candidates[0]
+        elif routed_topics is not None and candidates[0].template in routed_topics:
+            # A routed table whose records the next epoch does not carry is not missing: its
+            # topic is read by the tables found, and the table goes on being covered. One whose
+            # topic is gone (or no longer matched) is.
+            if routed_values(source.removeprefix("route:"))[0] not in routed_topics[candidates[0].template]:
+                missing[name] = candidates[0]
     bindings = [*config.bindings, *(m.binding for m in sorted(made.values(), key=lambda m: m.binding.name))]
     update: dict[str, Any] = {"bindings": bindings, "templates": []}
     expanded = PipelineConfig.model_validate({**{k: getattr(config, k) for k in type(config).model_fields}, **update})
@@ -257,6 +280,8 @@ def missing_error(expansion: Expansion, epoch: int, config: PipelineConfig) -> S
     lines = []
     for name, item in sorted(expansion.missing.items()):
         kind, _, what = item.source.partition(":")
+        if kind == "route":
+            kind, what = "topic", routed_values(what)[0]
         gone = "is gone from the brokers, or topic_pattern no longer matches it" if kind == "topic" else "is gone"
         lines.append(f"binding {name!r} (table {item.binding.table}): {kind} {what!r} {gone}")
     indexes = sorted({item.template for item in expansion.missing.values()})
@@ -269,21 +294,45 @@ def missing_error(expansion: Expansion, epoch: int, config: PipelineConfig) -> S
 
 
 def discover(config: PipelineConfig) -> dict[int, list[str]]:
-    """Per template, the topics its pattern matches or the sub-folders of its folder, sorted."""
-    topics: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    """Per template, the topics its pattern matches or the sub-folders of its folder, sorted.
+    ``route_by`` templates are not here: the tables of a topic's records are found by reading them
+    (the runtime's KafkaRouter), their topics by :func:`routed_topics`."""
+    listings: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
     out: dict[int, list[str]] = {}
     for index, template in enumerate(config.templates):
         source = template.source
         if source.route_by is not None:
-            continue  # the tables of a topic's records are found by reading them (the runtime's KafkaRouter)
+            continue
         if source.topic_pattern is not None:
-            client = (source.bootstrap_servers or "", tuple(sorted(source.client_options.items())))
-            if client not in topics:
-                topics[client] = list_topics(client[0], dict(client[1]), f"templates[{index}]")
-            out[index] = sorted(t for t in topics[client] if values_for(template, t) is not None)
+            out[index] = sorted(t for t in _listing(template, index, listings) if values_for(template, t) is not None)
         else:
             out[index] = sub_folders(source.folders_in or "", f"templates[{index}].source.folders_in")
     return out
+
+
+def routed_topics(config: PipelineConfig) -> dict[int, list[str]]:
+    """Per ``route_by`` template, the topics it reads: its ``topic``, or those its
+    ``topic_pattern`` matches now (listed from the brokers), sorted."""
+    listings: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    out: dict[int, list[str]] = {}
+    for index, template in enumerate(config.templates):
+        source = template.source
+        if source.route_by is None:
+            continue
+        if source.topic_pattern is None:
+            out[index] = [source.topic or ""]
+        else:
+            out[index] = sorted(t for t in _listing(template, index, listings) if topic_values(template, t) is not None)
+    return out
+
+
+def _listing(template: BindingTemplate, index: int, listings: dict[Any, list[str]]) -> list[str]:
+    """The topics of ``template``'s brokers, listed once per brokers and client options."""
+    source = template.source
+    client = (source.bootstrap_servers or "", tuple(sorted(source.client_options.items())))
+    if client not in listings:
+        listings[client] = list_topics(client[0], dict(client[1]), f"templates[{index}]")
+    return listings[client]
 
 
 def list_topics(bootstrap: str, client_options: dict[str, str], where: str, timeout: float = 30) -> list[str]:

@@ -261,7 +261,8 @@ def test_route_by_makes_a_binding_per_value_and_keeps_every_recorded_one() -> No
     assert expansion.covered == {"items": f"route:{items}", "orders": f"route:{orders}"}
     assert templates.discover(config) == {}  # its tables are found by reading the records, not listed
     for source, words in [
-        ({"topic_pattern": "t.*", "route_by": {"table": "source.table"}}, "route_by is for a kafka template of one topic"),
+        ({"topics": ["t"], "route_by": {"table": "source.table"}}, "route_by is for a kafka template of topics"),
+        ({"topic": "t", "topic_pattern": "t.*", "route_by": {"table": "source.table"}}, "give topic (one topic) or topic_pattern"),
         ({"topic": "t", "route_by": {"table": "source..table"}}, "is not a dotted path"),
         ({"topic": "t", "route_by": {"topic": "source.table"}}, "is not a placeholder name"),
         ({"topic": "t", "route_by": {"other": "source.table"}}, "placeholder(s) {table}"),
@@ -376,3 +377,134 @@ def test_the_binding_for_records_that_name_no_table_is_made_only_with_one_dead_l
 
     per_table = pipeline("/tmp/r/rejects/{table}")
     assert templates.make(per_table, 0, unrouted) is None and not templates.takes(per_table.templates[0], unrouted)
+
+
+def test_route_by_over_a_topic_pattern_makes_a_binding_per_topic_and_value() -> None:
+    """Unit tier: ``route_by`` with ``topic_pattern`` (a Debezium topic per database, each carrying
+    its tables): the pattern's groups and the route values fill the placeholders, each topic's
+    records its own tables, a recorded table of a topic no longer matched is missing (one of a
+    topic still there is not), each topic has its own binding for records that name no table,
+    and a placeholder filled from both sides is refused."""
+    from pydantic import ValidationError
+
+    from materializer import templates
+    from materializer.config import PipelineConfig
+
+    def pipeline(**extra: Any) -> PipelineConfig:
+        template = {
+            "name": "{db}_{table}", "table": "/tmp/r/tables/{db}/{table}", "key": ["id"],
+            "source": {"format": "kafka", "bootstrap_servers": "h:9092", "payload": "debezium",
+                       "topic_pattern": r"cdc\.(?P<db>\w+)", "route_by": {"table": "source.table"}},
+        }
+        return PipelineConfig.model_validate({
+            "pipeline_id": "p", "recovery_log": "/tmp/r/log", "staging": "/tmp/r/staging", "templates": [{**template, **extra}],
+        })
+
+    config = pipeline()
+    template = config.templates[0]
+    assert template.source.placeholders == {"topic", "db", "table"}
+    shop_orders, shop_items, crm_people = (
+        routed_found(t, {"table": n}) for t, n in (("cdc.shop", "orders"), ("cdc.shop", "items"), ("cdc.crm", "people"))
+    )
+    assert templates.values_for(template, shop_orders) == {"topic": "cdc.shop", "db": "shop", "table": "orders"}
+    assert templates.values_for(template, routed_found("other.shop", {"table": "orders"})) is None
+    assert templates.values_for(template, routed_found("__cdc.shop", {"table": "orders"})) is None
+    expansion = templates.expand(
+        config, {0: [shop_orders, crm_people]}, {"shop_items": f"route:{shop_items}"}, epoch=2,
+        routed_topics={0: ["cdc.crm", "cdc.shop"]},
+    )
+    assert expansion.missing == {}
+    assert {b.name: (b.source.topic, b.source.routed, b.table) for b in expansion.config.bindings} == {
+        "shop_orders": ("cdc.shop", {"source.table": "orders"}, "/tmp/r/tables/shop/orders"),
+        "shop_items": ("cdc.shop", {"source.table": "items"}, "/tmp/r/tables/shop/items"),
+        "crm_people": ("cdc.crm", {"source.table": "people"}, "/tmp/r/tables/crm/people"),
+    }
+    # cdc.shop is gone: its recorded tables are made (their epoch must be applied) and missing.
+    gone = templates.expand(
+        config, {0: [crm_people]}, {"shop_items": f"route:{shop_items}", "crm_people": f"route:{crm_people}"},
+        epoch=2, routed_topics={0: ["cdc.crm"]},
+    )
+    assert set(gone.missing) == {"shop_items"}
+    assert "topic 'cdc.shop' is gone from the brokers" in str(templates.missing_error(gone, 2, config))
+
+    dead = pipeline(on_invalid="dead_letter", dead_letter_table="/tmp/r/rejects")
+    carriers = templates.expand(dead, {0: [templates.unrouted_found("cdc.shop"), templates.unrouted_found("cdc.crm")]})
+    made = {b.name: b for b in carriers.config.bindings}
+    assert {n: (b.source.topic, b.table, b.dead_letters) for n, b in made.items()} == {
+        "cdc_shop__unrouted": ("cdc.shop", "/tmp/r/rejects__unrouted_cdc_shop", "/tmp/r/rejects"),
+        "cdc_crm__unrouted": ("cdc.crm", "/tmp/r/rejects__unrouted_cdc_crm", "/tmp/r/rejects"),
+    }
+    assert not templates.takes(dead.templates[0], templates.unrouted_found("other"))
+
+    with pytest.raises(ValidationError, match=re.escape("route_by and topic_pattern both fill {table}")):
+        pipeline(source={"format": "kafka", "bootstrap_servers": "h:9092", "payload": "debezium",
+                         "topic_pattern": r"cdc\.(?P<table>\w+)", "route_by": {"table": "source.table"}})
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_route_by_over_a_topic_pattern_a_topic_per_database(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    """A Debezium topic per database (``fleet.<db>``), each carrying several tables: one template
+    with ``topic_pattern`` and ``route_by``. Each topic keeps a position of its own; a topic created
+    later is read from its start at the next epoch boundary, its tables bindings from then on; a
+    topic deleted stops the run naming it once its epochs are applied, and ``on_missing: drop``
+    goes on without it. Every table read back with delta-rs and Spark."""
+    def send(topic: str, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        messages: list[tuple[Any, Any, int | None]] = []
+        for i, (table, op, row) in enumerate(events):
+            key = json.dumps({"id": row["id"]}).encode()
+            messages.append((key, _event(table, op, row, envelope=i % 2 == 0, schema=topic.split(".")[1]), 0))
+            rows = expected.setdefault(f"{topic.split('.')[1]}/{table}", {})
+            if op == "d":
+                rows.pop(row["id"], None)
+                messages.append((key, None, 0))
+            else:
+                rows[row["id"]] = row
+        broker.produce(topic, messages)
+
+    expected: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in ("fleet.shop", "fleet.crm"):
+        broker.create_topic(name, 1)
+    send("fleet.shop", [("orders", "c", {"id": 1, "amount": 10}), ("items", "c", {"id": 1, "sku": "a"}),
+                        ("orders", "u", {"id": 1, "amount": 11})])
+    send("fleet.crm", [("people", "c", {"id": 1, "name": "ann"}), ("people", "c", {"id": 2, "name": "bob"})])
+    data = {
+        "name": "{db}_{table}", "table": str(tmp_path / "tables" / "{db}" / "{table}"), "key": ["id"],
+        "source": {"format": "kafka", "bootstrap_servers": broker.bootstrap, "payload": "debezium",
+                   "topic_pattern": r"fleet\.(?P<db>\w+)", "route_by": {"table": "source.table"}},
+    }
+    config = load_config(write_config(tmp_path, [], pipeline_id=PIPELINE, templates=[data]))
+    log = RecoveryLog(open_store(config.recovery_log), PIPELINE)
+
+    assert TemplatedRuntime(config, spark).run().last_epoch == 1
+    entry = log.read().last_commit
+    assert set(entry.driver_checkpoint.templated) == {"shop_orders", "shop_items", "crm_people"}
+    offsets = {n: c["offsets"] for n, c in entry.runtime_checkpoint.items() if c}
+    assert offsets == {"shop_orders": {"fleet.shop": {"0": 3}}, "shop_items": {"fleet.shop": {"0": 3}},
+                       "crm_people": {"fleet.crm": {"0": 2}}}
+
+    # A new database's topic, and more changes on an old one: the next run reads both.
+    broker.create_topic("fleet.erp", 1)
+    send("fleet.erp", [("invoices", "c", {"id": 5, "total": 50})])
+    send("fleet.crm", [("people", "d", {"id": 1, "name": "ann"}), ("notes", "c", {"id": 1, "text": "hi"})])
+    summary = TemplatedRuntime(config, spark).run()
+    assert summary.epochs and set(log.read().last_commit.driver_checkpoint.templated) == {
+        "shop_orders", "shop_items", "crm_people", "crm_notes", "erp_invoices",
+    }
+    for name, rows in expected.items():
+        want = {(k,): row for k, row in rows.items()}
+        assert delta_rs_rows(tmp_path / "tables" / name, ["id"]) == want, name
+        assert table_rows(spark, tmp_path / "tables" / name, ["id"]) == want, name
+
+    # The shop database's topic is deleted: the run stops naming it, nothing more read.
+    broker.delete_topic("fleet.shop")
+    last = log.read().last_epoch
+    with pytest.raises(SourceError, match=r"topic 'fleet\.shop' is gone from the brokers"):
+        TemplatedRuntime(config, spark).run()
+    assert log.read().last_epoch == last
+    dropping = load_config(write_config(tmp_path, [], pipeline_id=PIPELINE, templates=[{**data, "on_missing": "drop"}]))
+    send("fleet.erp", [("invoices", "u", {"id": 5, "total": 55})])
+    TemplatedRuntime(dropping, spark).run()
+    assert set(log.read().last_commit.driver_checkpoint.templated) == {"crm_people", "crm_notes", "erp_invoices"}
+    assert delta_rs_rows(tmp_path / "tables" / "erp" / "invoices", ["id"]) == {(5,): {"id": 5, "total": 55}}

@@ -40,10 +40,12 @@ class TemplateSourceConfig(SourceConfig):
     """documents and cdcv2: a folder (or S3 prefix) whose every sub-folder is one binding reading
     that sub-folder (``{folder}``: its name; names starting with ``.`` or ``_`` are skipped)."""
     route_by: dict[str, str] | None = None
-    """kafka, with ``topic``: one binding per value of fields of each record, e.g. ``{schema:
-    source.schema, table: source.table}`` for Debezium events of several tables in one topic
-    (placeholder -> dotted path into the value, Debezium's ``payload`` envelope unwrapped). A value
-    first seen in an epoch is a binding from that epoch on; every record must hold the fields, or
+    """kafka, with ``topic`` or ``topic_pattern``: one binding per value of fields of each record,
+    e.g. ``{schema: source.schema, table: source.table}`` for Debezium events of several tables in
+    one topic (placeholder -> dotted path into the value, Debezium's ``payload`` envelope
+    unwrapped); with ``topic_pattern``, per topic it matches and value (each topic has a position
+    of its own; its named groups are placeholders too). A value first seen in an epoch is a
+    binding from that epoch on; every record must hold the fields, or
     with ``on_invalid: dead_letter`` and a ``dead_letter_table`` without placeholders is a dead
     letter there (docs: 'One topic, many tables')."""
 
@@ -51,17 +53,25 @@ class TemplateSourceConfig(SourceConfig):
     def _kafka_fields(self) -> "TemplateSourceConfig":
         # Replaces SourceConfig's check: a template names its topics or folders by pattern.
         if self.route_by is not None:
-            if self.format != "kafka" or self.topic is None or self.topic_pattern is not None or self.folders_in is not None:
+            if self.format != "kafka" or (self.topic is None) == (self.topic_pattern is None) or self.topics is not None or self.folders_in is not None:
                 raise ValueError(
-                    "route_by is for a kafka template of one topic: give topic (the topic carrying several tables), "
-                    "not topic_pattern, topics or folders_in"
+                    "route_by is for a kafka template of topics carrying several tables: give topic (one topic) or "
+                    "topic_pattern (every topic it matches, each with a position of its own), not topics or folders_in"
                 )
             check_field_paths({path: "" for path in self.route_by.values()}, "route_by")
             for placeholder in self.route_by:
                 if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", placeholder) or placeholder == "topic":
                     raise ValueError(f"route_by: {placeholder!r} is not a placeholder name (letters, digits, '_'; not 'topic')")
+            if self.topic_pattern is not None:
+                self._check_pattern()
+                both = sorted(set(re.compile(self.topic_pattern).groupindex) & set(self.route_by))
+                if both:
+                    raise ValueError(
+                        f"route_by and topic_pattern both fill {', '.join('{' + b + '}' for b in both)}: rename the "
+                        "pattern's group or the route_by placeholder, so each placeholder has one source"
+                    )
             try:
-                SourceConfig.model_validate(self.concrete(routed_found(self.topic, {k: "example" for k in self.route_by})))
+                SourceConfig.model_validate(self.concrete(routed_found(self.topic or "example", {k: "example" for k in self.route_by})))
             except ValidationError as exc:
                 raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
             return self
@@ -70,15 +80,7 @@ class TemplateSourceConfig(SourceConfig):
                 raise ValueError(
                     "a kafka template takes topic_pattern (a regular expression of topic names), not topic, topics or folders_in"
                 )
-            try:
-                re.compile(self.topic_pattern)
-            except re.error as exc:
-                raise ValueError(f"topic_pattern: {self.topic_pattern!r} is not a regular expression: {exc}") from None
-            if isinstance(self.starting, dict) and set(self.starting) != {"timestamp"}:
-                raise ValueError(
-                    "starting: offsets per topic are not for a template (its topics are not known yet): give earliest, "
-                    "latest or {timestamp: <epoch ms>}"
-                )
+            self._check_pattern()
         elif self.folders_in is None or self.path is not None or self.topic_pattern is not None:
             raise ValueError(
                 f"a {self.format} template takes folders_in (a folder whose every sub-folder is one binding), not path "
@@ -90,13 +92,25 @@ class TemplateSourceConfig(SourceConfig):
             raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
         return self
 
+    def _check_pattern(self) -> None:
+        try:
+            re.compile(self.topic_pattern or "")
+        except re.error as exc:
+            raise ValueError(f"topic_pattern: {self.topic_pattern!r} is not a regular expression: {exc}") from None
+        if isinstance(self.starting, dict) and set(self.starting) != {"timestamp"}:
+            raise ValueError(
+                "starting: offsets per topic are not for a template (its topics are not known yet): give earliest, "
+                "latest or {timestamp: <epoch ms>}"
+            )
+
     @property
     def placeholders(self) -> set[str]:
         """The placeholders a binding made from this source fills."""
+        groups = set(re.compile(self.topic_pattern).groupindex) if self.topic_pattern is not None else set()
         if self.route_by is not None:
-            return {"topic", *self.route_by}
+            return {"topic", *self.route_by, *groups}
         if self.topic_pattern is not None:
-            return {"topic", *re.compile(self.topic_pattern).groupindex}
+            return {"topic", *groups}
         return {"folder"}
 
     def concrete(self, found: str) -> dict[str, Any]:
@@ -165,7 +179,7 @@ class BindingTemplate(BindingConfig):
             example = {k: "example" for k in known}
             found = "example"
             if self.source.route_by is not None:
-                found = routed_found(self.source.topic or "", {k: "example" for k in self.source.route_by})
+                found = routed_found(self.source.topic or "example", {k: "example" for k in self.source.route_by})
             BindingConfig.model_validate(self.binding_data(found, example))
         except ValidationError as exc:
             raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import templates
-from materializer.config import PipelineConfig
+from materializer.config import PipelineConfig, routed_values
 from materializer.errors import ConfigError
 from materializer.progress import Collector
 from materializer.recovery_log import RecoveryLog
@@ -39,28 +39,36 @@ class TemplatedRuntime:
         self.collector = collector
         self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
         """Read only, to learn what the last committed epoch covered: each round's Runtime opens its own."""
-        self.routers: dict[int, KafkaRouter] = {}
-        """Per ``route_by`` template (one topic, many tables): its topic's shared position and fixed plan."""
-        if any(t.source.route_by is not None for t in config.templates):
+        self.routers: dict[tuple[int, str], KafkaRouter] = {}
+        """Per ``route_by`` template and topic it reads (one topic, many tables): the topic's shared
+        position and fixed plan. Made when the topic is first listed."""
+        self.routed = any(t.source.route_by is not None for t in config.templates)
+
+    def _router(self, index: int, topic: str) -> "KafkaRouter":
+        if (index, topic) not in self.routers:
             from materializer.sources.kafka_routes import KafkaRouter
 
-            spool = open_store(config.staging_root)
-            self.routers = {i: KafkaRouter(config, i, spool) for i, t in enumerate(config.templates) if t.source.route_by is not None}
+            self.routers[(index, topic)] = KafkaRouter(self.config, index, open_store(self.config.staging_root), topic)
+        return self.routers[(index, topic)]
 
-    def _routed(self, state: Any) -> dict[int, list[str]]:
-        """Per ``route_by`` template, the tables the next epoch's records name (its plan fixed
-        from the topic's position after the last committed epoch)."""
+    def _routed(self, state: Any, topics: dict[int, list[str]]) -> dict[int, list[str]]:
+        """Per ``route_by`` template, the tables the next epoch's records name in each of its
+        ``topics`` (each topic's plan fixed from its position after the last committed epoch)."""
         recorded = templates.recorded_set(state.last_commit)
         checkpoint = (state.last_commit.runtime_checkpoint if state.last_commit is not None else None) or {}
-        out = {}
-        for index, router in self.routers.items():
+        out: dict[int, list[str]] = {}
+        for index, names in sorted(topics.items()):
             template = self.config.templates[index]
-            names = [
-                name for name, source in recorded.items()
-                if source.startswith("route:") and templates.takes(template, source.removeprefix("route:"))
-            ]
-            position = router.shared_position({name: checkpoint.get(name) for name in names})
-            out[index] = router.fix(self.spark, state.last_epoch, position)
+            out[index] = []
+            for topic in names:
+                of_topic = [
+                    name for name, source in recorded.items()
+                    if source.startswith("route:") and templates.takes(template, text := source.removeprefix("route:"))
+                    and routed_values(text)[0] == topic
+                ]
+                router = self._router(index, topic)
+                position = router.shared_position({name: checkpoint.get(name) for name in of_topic})
+                out[index] += router.fix(self.spark, state.last_epoch, position)
         return out
 
     def run(self, *, follow: bool = False, max_epochs: int | None = None, should_stop: Callable[[], bool] | None = None) -> RunSummary:
@@ -72,9 +80,11 @@ class TemplatedRuntime:
             state = self.log.read()
             found = templates.discover(self.config)
             listed = dict(found)
-            found.update(self._routed(state))
+            topics = templates.routed_topics(self.config) if self.routed else {}
+            found.update(self._routed(state, topics))
             expansion = templates.expand(
-                self.config, found, templates.recorded_set(state.last_commit), dropped=dropped, epoch=state.last_epoch
+                self.config, found, templates.recorded_set(state.last_commit), dropped=dropped, epoch=state.last_epoch,
+                routed_topics=topics,
             )
             done = len(total.epochs) if total is not None else 0
             remaining = None if max_epochs is None else max(0, max_epochs - done)
@@ -82,13 +92,21 @@ class TemplatedRuntime:
                 remaining = 0  # Open and the re-apply of the last epoch (which covers them) only
             changed = {"found": False}
 
-            def stop_between(listed: dict[int, list[str]] = listed, made: dict[str, templates.Made] = expansion.made) -> bool:
+            def stop_between(
+                listed: dict[int, list[str]] = listed, made: dict[str, templates.Made] = expansion.made,
+                topics: dict[int, list[str]] = topics,
+            ) -> bool:
                 if should_stop is not None and should_stop():
                     return True
-                if self.routers:
+                if self.routed:
+                    # A topic the pattern matches first, or gone: a round of its own from here.
+                    if templates.routed_topics(self.config) != topics:
+                        changed["found"] = True
+                        return True
                     # A table the next epoch's records name first: a binding from that epoch on.
                     covered = {m.source for m in made.values()}
-                    if any(f"route:{text}" not in covered for texts in self._routed(self.log.read()).values() for text in texts):
+                    routed = self._routed(self.log.read(), topics)
+                    if any(f"route:{text}" not in covered for texts in routed.values() for text in texts):
                         changed["found"] = True
                         return True
                 if templates.discover(self.config) != listed:
@@ -97,7 +115,7 @@ class TemplatedRuntime:
                 return False
 
             sources = None
-            if expansion.missing or self.routers:
+            if expansion.missing or self.routed:
                 # Gone topics or folders: a round of no new epoch reads no source. Routed tables:
                 # their topic's plan, fixed by its router, shared.
                 staging = open_store(expansion.config.staging_root)
@@ -129,8 +147,9 @@ class TemplatedRuntime:
         made = expansion.made.get(binding.name)
         if binding.name in expansion.missing:
             return _Gone(binding, staging)
-        if made is not None and made.template in self.routers:
-            return self.routers[made.template].source_for(binding, staging, made.source.removeprefix("route:"))
+        if made is not None and made.source.startswith("route:"):
+            text = made.source.removeprefix("route:")
+            return self._router(made.template, routed_values(text)[0]).source_for(binding, staging, text)
         return open_source(binding, staging)
 
 

@@ -1,5 +1,7 @@
 """One topic, many tables: the bindings a ``route_by`` template makes share one topic's position.
 
+(With ``topic_pattern``, each topic the pattern matches has a router and a position of its own.)
+
 A Debezium topic routed by table (``ByLogicalTableRouter``), or an outbox topic, carries the change
 events of several source tables; the template's ``route_by`` names the fields of each record that
 tell them apart (``source.table``, ``source.schema``, …), and each value is one binding, one table.
@@ -60,17 +62,19 @@ ROUTE = "__route_"
 class KafkaRouter:
     """The shared position and the fixed per-epoch plan of one ``route_by`` template's topic."""
 
-    def __init__(self, config: PipelineConfig, index: int, spool: Store) -> None:
+    def __init__(self, config: PipelineConfig, index: int, spool: Store, topic: str | None = None) -> None:
         self.config = config
         self.index = index
         self.template = config.templates[index]
+        self.topic = topic if topic is not None else self.template.source.topic or ""
+        """The topic this router reads: the template's ``topic``, or one its ``topic_pattern`` matches."""
         self.route_by = dict(self.template.source.route_by or {})
-        example = templates.make(config, index, routed_found(self.template.source.topic or "", {k: "example" for k in self.route_by}))
+        example = templates.make(config, index, routed_found(self.topic, {k: "example" for k in self.route_by}))
         assert example is not None
         # The topic as a plain kafka binding: plans and reads the whole range, unfiltered.
         base = example.binding.model_copy(update={"source": example.binding.source.model_copy(update={"routed": None})})
         self.source = KafkaSource(base, spool)
-        self.where = f"templates[{index}] (topic {self.template.source.topic!r})"
+        self.where = f"templates[{index}] (topic {self.topic!r})"
         self._key: str | None = None
         self._passed: tuple[str, dict[str, Any]] | None = None
         """After which committed position (a key of :meth:`fix`) where the records that name no table end."""
@@ -191,11 +195,11 @@ class KafkaRouter:
             if absent:
                 missing.append((first, absent))
             else:
-                found[routed_found(self.template.source.topic or "", values)] = first
+                found[routed_found(self.topic, values)] = first
         if missing and self.template.unrouted_dead_letters is not None:
             # on_invalid: dead_letter with one dead-letter table: the binding made for these
             # records reads the range too and sets each of them aside there.
-            found[templates.unrouted_found(self.template.source.topic or "")] = min(first for first, _ in missing)
+            found[templates.unrouted_found(self.topic)] = min(first for first, _ in missing)
         elif missing:
             first, absent = min(missing)
             raise SourceError(
