@@ -125,6 +125,8 @@ def _print_report(result: Any, console: Any) -> None:
         shown = count if isinstance(count, str) else ("[yellow]never hit[/]" if count == 0 else str(count))
         table.add_row(f"kills {window}", shown if not isinstance(count, str) else f"not reachable: {count}")
     table.add_row("rows lost / duplicated / wrong", f"{data['rows']['lost']} / {data['rows']['duplicated']} / {data['rows']['wrong']}")
+    if result.released_sessions:
+        table.add_row("Connect sessions released (killed clients')", str(result.released_sessions))
     table.add_row("time", f"{result.seconds:.0f}s")
     color = {"pass": "green", "FAIL": "red"}.get(result.verdict, "yellow")
     table.add_row("verdict", f"[bold {color}]{result.verdict}[/]")

@@ -259,6 +259,38 @@ def test_a_drill_on_connect_kills_the_client_only_and_every_table_stays_exact(co
     assert data["kills_total"] + len(data["missed"]) == 3, data["kills"]
     assert data["epoch_sizes"][-1].startswith("set max_files 1 so a round has at least 5 epochs"), data["epoch_sizes"]
     assert "remote: sc://" in (tmp_path / "w" / "round-001" / "pipeline.yaml").read_text()
+    # The killed clients' sessions (and their apply clones) were released, not left on the server.
+    assert data["released_sessions"] >= data["kills_total"], data["released_sessions"]
+
+
+def test_a_runs_clones_have_ids_derived_from_its_session_and_released_sessions_are_closed(
+    connect_server: ConnectServer,
+) -> None:
+    """What lets `materializer drill --remote` free the sessions of the clients it kills: a run's
+    session id can be chosen (the URL's session_id) and its apply clones' ids follow from it; a
+    released session is closed on the server (a call on it fails), and releasing it again, or an id
+    the server never saw, frees nothing."""
+    import uuid
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from materializer.spark.connect import clone_session_id, isolated_session, release_sessions, session_ids_of, with_session_id
+
+    session_id = str(uuid.uuid4())
+    spark = ConnectSession.builder.remote(with_session_id(connect_server.url, session_id)).create()
+    clones: list[Any] = []
+    try:
+        assert spark.session_id == session_id
+        clones += [isolated_session(spark), isolated_session(spark)]
+        assert [c.session_id for c in clones] == [clone_session_id(session_id, 0), clone_session_id(session_id, 1)]
+        assert clones[1].range(3).count() == 3
+        assert release_sessions(connect_server.url, session_ids_of(session_id)) == 3
+        with pytest.raises(Exception, match="SESSION_CLOSED"):
+            spark.range(1).count()
+        assert release_sessions(connect_server.url, session_ids_of(session_id)) == 0
+    finally:
+        for client in (spark, *clones):
+            client.client.close()
 
 
 def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_spark: Any) -> None:

@@ -86,7 +86,70 @@ def isolated_session(spark: "SparkSession") -> "SparkSession":
             # The server creates a session at its first request, and cannot clone one it has not
             # seen (SESSION_NOT_FOUND): make sure it has.
             spark.conf.get("spark.sql.session.timeZone")
-            return _close_at_exit(clone())
+            return _close_at_exit(clone(new_session_id=clone_session_id(spark.session_id, _next_clone(spark.session_id))))
         except Exception:  # noqa: BLE001 - a server without CloneSession (older than 4.1)
             pass
     return spark
+
+
+CLONES_PER_SESSION = 16
+"""How many clones :func:`session_ids_of` names per session (a run makes one per apply thread,
+``transaction.parallel_bindings`` of them at most; more than this are still made, with ids of
+their own that the drill does not release)."""
+
+_clones: dict[str, int] = {}
+
+
+def _next_clone(session_id: str) -> int:
+    n = _clones.get(session_id, 0)
+    _clones[session_id] = n + 1
+    return n
+
+
+def clone_session_id(session_id: str, n: int) -> str:
+    """The id of the ``n``-th clone of Connect session ``session_id`` (a UUID derived from it), so
+    whoever knows a run's session id knows its clones' too: ``materializer drill --remote``
+    releases the sessions of the runs it killed, which their server would otherwise keep (the
+    client that would have released them is dead) until its session timeout, 60 minutes by
+    default, holding their state: a thousand kills filled a 1 GB server's heap."""
+    import uuid
+
+    if n >= CLONES_PER_SESSION:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(uuid.UUID(session_id), f"materializer-clone-{n}"))
+
+
+def session_ids_of(session_id: str) -> list[str]:
+    """Session ``session_id`` and the ids its clones get (:func:`clone_session_id`)."""
+    return [session_id, *(clone_session_id(session_id, n) for n in range(CLONES_PER_SESSION))]
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    """Connect URL ``url`` with its session id set to ``session_id`` (any other parameter kept)."""
+    base, _, params = url.partition("/;")
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    return base.rstrip("/") + "/;" + ";".join([*kept, f"session_id={session_id}"])
+
+
+def release_sessions(url: str, session_ids: list[str]) -> int:
+    """Release Connect sessions ``session_ids`` on the server at ``url`` (their running operations
+    are interrupted and their state freed); returns how many the server had. An id the server does
+    not know, or has closed already, is passed over."""
+    from pyspark.sql.connect.client import SparkConnectClient
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+
+    released = 0
+    for session_id in session_ids:
+        client = SparkConnectClient(with_session_id(url, session_id))
+        try:
+            request = pb2.ReleaseSessionRequest(session_id=session_id, client_type=client._builder.userAgent)
+            if client._user_id:
+                request.user_context.user_id = client._user_id
+            # The response names the server's session only when the server had one by that id.
+            response = client._stub.ReleaseSession(request, metadata=client._builder.metadata())
+            released += bool(response.server_side_session_id)
+        except Exception:  # noqa: BLE001 - a server that cannot say: nothing more to free here
+            pass
+        finally:
+            client.close()
+    return released

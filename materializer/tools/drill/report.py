@@ -79,6 +79,9 @@ class DrillReport:
     """SIGUSR1 cut the kill plan short; the verdict covers the kills made."""
     planned_kills: int = 0
     """Kills planned (failure points + ``--kills``): a drill cut short made fewer."""
+    released_sessions: int = 0
+    """``--remote``: the Connect sessions (the runs' and their clones') released on the server
+    before each round's verification; a killed client never releases its own."""
 
     @property
     def verdict(self) -> str:

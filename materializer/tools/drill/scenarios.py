@@ -11,6 +11,7 @@ import statistics
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -65,6 +66,8 @@ class Drill:
         """The event times of the last run (for fitting random kills to the pipeline's size)."""
         self.apply_windows: list[float] = []
         self.stop_requested = False
+        self._sessions: list[str] = []
+        """``--remote``: the Connect session ids of this round's runs, released before it is verified."""
         self.sizes = epoch_sizes(self.source_config, options)
         self.report.epoch_sizes = list(self.sizes.notes)
 
@@ -101,6 +104,14 @@ class Drill:
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
         self._index += 1
         self.collector.emit(RunStarted(index=self._index, plan=plan.label))
+        if self.options.remote and "--remote" not in extra_args:
+            # A session id of the drill's choosing: a killed client never releases its session,
+            # so the drill does (release_sessions), or the server keeps every one of them.
+            from materializer.spark.connect import with_session_id
+
+            session_id = str(uuid.uuid4())
+            self._sessions.append(session_id)
+            extra_args = (*extra_args, "--remote", with_session_id(self.options.remote, session_id))
         record, phase = run_once(
             self.config_path,
             plan,
@@ -128,7 +139,21 @@ class Drill:
         code = child.finish()
         return code, log_path.read_text()
 
+    def release_sessions(self) -> None:
+        """Release the Connect sessions of the runs so far (``--remote``): a killed client's
+        session and its clones would otherwise live on the server until its session timeout,
+        holding their state (1,000 kills filled a 1 GB server's heap), and an operation of a killed
+        run still running there is interrupted before the tables are read."""
+        if not self.options.remote or not self._sessions:
+            return
+        from materializer.spark.connect import release_sessions, session_ids_of
+
+        ids = [i for session_id in self._sessions for i in session_ids_of(session_id)]
+        self._sessions = []
+        self.report.released_sessions += release_sessions(self.options.remote, ids)
+
     def verify_round(self) -> Verification:
+        self.release_sessions()
         self.collector.emit(Verifying(round=self.round_no))
         result = verify(self.config, self.spark(), self.round_no, self.options.reader)
         self.report.rounds.append(result)
@@ -374,6 +399,7 @@ class Drill:
             getattr(self, self.options.scenario)(tick)
         finally:
             kill_live()
+            self.release_sessions()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
             self.report.seconds = round(time.monotonic() - started, 1)
