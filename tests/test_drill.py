@@ -152,6 +152,21 @@ def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None
     assert sum(p.kind == "random" for p in plans[0]) == 5
 
 
+def test_a_window_a_one_binding_pipeline_cannot_have_is_reported_as_such(tmp_path: Path) -> None:
+    """Between two bindings' applies is no window of a one-binding pipeline: its report says
+    why, whichever points were asked for (the long kafka drill's table said "never hit")."""
+    from materializer.tools.drill import BETWEEN_BINDINGS, BETWEEN_EPOCHS
+
+    source = make_collection(tmp_path / "source", files=2)
+    cfg_path = write_config(tmp_path, [binding("items", source, tmp_path / "t")])
+    for points in (None, [], ["mid-apply"]):
+        drill = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / f"w{len(str(points))}", kills=2, seed=3, points=points))
+        drill.plans()
+        windows = drill.report.windows()
+        assert windows[BETWEEN_BINDINGS] == "the pipeline has one binding", (points, windows)
+        assert windows[BETWEEN_EPOCHS] == 0
+
+
 def test_random_kills_are_fitted_to_a_small_pipeline(tmp_path: Path) -> None:
     """Issue #11 item 12: a kill planned after the second commit of a pipeline that only ever
     commits one epoch is re-aimed at the first, with a delay inside the time the run lasted."""
