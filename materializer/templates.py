@@ -215,9 +215,9 @@ def expand(
     the topics or sub-folders found) and from ``recorded`` (what epoch ``epoch`` covered).
 
     ``dropped``: bindings no longer found whose last epoch this process has applied, with
-    ``on_missing: drop``: left out. ``routed_topics``: per ``route_by`` template with a
-    ``topic_pattern``, the topics it matches now (:func:`routed_topics`); a routed table of a topic
-    not among them is missing (without: none is). Two bindings on one name or one table are a ConfigError
+    ``on_missing: drop``: left out. ``routed_topics``: per ``route_by`` template, the topics
+    it reads now (:func:`routed_topics`); a routed table of a topic not among them is missing
+    (without it: none is). Two bindings on one name or one table are a ConfigError
     naming both topics or folders."""
     recorded = recorded or {}
     made: dict[str, Made] = {}
@@ -293,11 +293,12 @@ def missing_error(expansion: Expansion, epoch: int, config: PipelineConfig) -> S
     )
 
 
-def discover(config: PipelineConfig) -> dict[int, list[str]]:
+def discover(config: PipelineConfig, listings: dict[Any, list[str]] | None = None) -> dict[int, list[str]]:
     """Per template, the topics its pattern matches or the sub-folders of its folder, sorted.
     ``route_by`` templates are not here: the tables of a topic's records are found by reading them
-    (the runtime's KafkaRouter), their topics by :func:`routed_topics`."""
-    listings: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    (the runtime's KafkaRouter), their topics by :func:`routed_topics`. ``listings``: the brokers'
+    topics listed so far (shared with :func:`routed_topics`, so one look lists each brokers once)."""
+    listings = {} if listings is None else listings
     out: dict[int, list[str]] = {}
     for index, template in enumerate(config.templates):
         source = template.source
@@ -310,10 +311,10 @@ def discover(config: PipelineConfig) -> dict[int, list[str]]:
     return out
 
 
-def routed_topics(config: PipelineConfig) -> dict[int, list[str]]:
+def routed_topics(config: PipelineConfig, listings: dict[Any, list[str]] | None = None) -> dict[int, list[str]]:
     """Per ``route_by`` template, the topics it reads: its ``topic``, or those its
-    ``topic_pattern`` matches now (listed from the brokers), sorted."""
-    listings: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    ``topic_pattern`` matches now (listed from the brokers; ``listings`` as :func:`discover`), sorted."""
+    listings = {} if listings is None else listings
     out: dict[int, list[str]] = {}
     for index, template in enumerate(config.templates):
         source = template.source

@@ -78,9 +78,10 @@ class TemplatedRuntime:
         began = time.monotonic()
         while True:
             state = self.log.read()
-            found = templates.discover(self.config)
+            listings: dict[Any, list[str]] = {}  # each brokers' topics listed once per look
+            found = templates.discover(self.config, listings)
             listed = dict(found)
-            topics = templates.routed_topics(self.config) if self.routed else {}
+            topics = templates.routed_topics(self.config, listings) if self.routed else {}
             found.update(self._routed(state, topics))
             expansion = templates.expand(
                 self.config, found, templates.recorded_set(state.last_commit), dropped=dropped, epoch=state.last_epoch,
@@ -98,9 +99,10 @@ class TemplatedRuntime:
             ) -> bool:
                 if should_stop is not None and should_stop():
                     return True
+                looked: dict[Any, list[str]] = {}
                 if self.routed:
                     # A topic the pattern matches first, or gone: a round of its own from here.
-                    if templates.routed_topics(self.config) != topics:
+                    if templates.routed_topics(self.config, looked) != topics:
                         changed["found"] = True
                         return True
                     # A table the next epoch's records name first: a binding from that epoch on.
@@ -109,7 +111,7 @@ class TemplatedRuntime:
                     if any(f"route:{text}" not in covered for texts in routed.values() for text in texts):
                         changed["found"] = True
                         return True
-                if templates.discover(self.config) != listed:
+                if templates.discover(self.config, looked) != listed:
                     changed["found"] = True  # ends this round at this epoch boundary
                     return True
                 return False
