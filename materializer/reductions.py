@@ -240,12 +240,11 @@ def _placeholder(how: str, doc: "DataType", table: "DataType | None") -> bool:
 
 
 def _table_schema(documents: "DataFrame", binding: BindingConfig) -> "StructType | None":
-    from materializer.delta import exists, read_table
+    from materializer.delta import schema_and_properties
     from materializer.tables import TableRef
 
-    spark = documents.sparkSession
-    table = TableRef(binding.table)
-    return read_table(spark, table).schema if exists(spark, table) else None
+    found = schema_and_properties(documents.sparkSession, TableRef(binding.table))
+    return found[0] if found is not None else None
 
 
 def _type_message(binding: BindingConfig, name: str) -> str:
