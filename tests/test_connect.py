@@ -304,7 +304,7 @@ def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_sp
 
 
 SHORT_TIMEOUT_SECONDS = 15
-"""The session timeout of the server the two tests below share (Spark's default: an hour). Not
+"""The session timeout of the server of the test below (Spark's default: an hour). Not
 shorter: the run's apply session makes no call while epoch 1 is staged, and at 6 s a loaded machine
 (two pytest-xdist workers) let the server close it before its first apply."""
 
@@ -312,7 +312,7 @@ shorter: the run's apply session makes no call while epoch 1 is staged, and at 6
 @pytest.fixture(scope="module")
 def short_timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A Connect server of its own that closes a session idle for SHORT_TIMEOUT_SECONDS, checked
-    every second: one start for both tests below."""
+    every second, for the test below."""
     from tests.connect_server import SESSION_TIMEOUT, start, stop
 
     process, server = start(
@@ -342,21 +342,6 @@ def _own_session(url: str) -> Iterator[Any]:
 
 
 @pytest.mark.slow
-def test_a_server_closes_a_session_idle_past_its_timeout(short_timeout_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the setting above prevents, on a server whose timeout is 15 s: a session that makes no
-    call for longer is closed by the server, and its next call fails with SESSION_CLOSED, as the
-    txn-version tests' calls did."""
-    import time
-
-    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-    with _own_session(short_timeout_server.url) as session:
-        assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
-        time.sleep(SHORT_TIMEOUT_SECONDS + 5)
-        with pytest.raises(Exception, match="SESSION_CLOSED"):
-            session.sql("SELECT 1 AS one").collect()
-
-
-@pytest.mark.slow
 def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
     short_timeout_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,7 +349,11 @@ def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
     a server would close its sessions after its timeout (an hour by default; 15 s here) and the
     next epoch would fail with SESSION_CLOSED. The runtime touches them while it waits
     (KEEP_ALIVE_SECONDS, 3 s here): after 25 s of waiting, both the run's session
-    and the apply session still answer, and a new file lands."""
+    and the apply session still answer, and a new file lands.
+
+    Beside it, over the same 25 s, what would happen otherwise (and what the test server's
+    setting above prevents): a session that makes no call for longer than the timeout is closed
+    by the server, and its next call fails with SESSION_CLOSED, as the txn-version tests' calls did."""
     import time
 
     from materializer.runtime import Runtime, loop
@@ -373,7 +362,8 @@ def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
 
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 3.0)  # where Runtime.run looks it up
-    with _own_session(short_timeout_server.url) as session:
+    with _own_session(short_timeout_server.url) as idle, _own_session(short_timeout_server.url) as session:
+        assert idle.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # then not a call until the end
         table = tmp_path / "tables" / "items"
         write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
         config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000, "poll_interval_seconds": 0.5})
@@ -385,3 +375,6 @@ def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
         write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "v": 2}])
         Runtime(config, session).run()
         assert sorted(key[0] for key in table_rows(session, table, ["id"])) == [1, 2]
+        assert time.monotonic() - began > SHORT_TIMEOUT_SECONDS + 5
+        with pytest.raises(Exception, match="SESSION_CLOSED"):
+            idle.sql("SELECT 1 AS one").collect()
