@@ -125,6 +125,14 @@ def _print_report(result: Any, console: Any) -> None:
         shown = count if isinstance(count, str) else ("[yellow]never hit[/]" if count == 0 else str(count))
         table.add_row(f"kills {window}", shown if not isinstance(count, str) else f"not reachable: {count}")
     table.add_row("rows lost / duplicated / wrong", f"{data['rows']['lost']} / {data['rows']['duplicated']} / {data['rows']['wrong']}")
+    for v in result.rounds:
+        if v.stopped_by:
+            # Its tables hold what was applied before the error: missing rows there are no loss.
+            table.add_row(f"[yellow]round {v.round}: rows lost / wrong not counted[/]", v.stopped_by)
+    for v in result.rounds:
+        if v.stopped_by:
+            # Its tables hold what was applied before the error: missing rows there are no loss.
+            table.add_row(f"[yellow]round {v.round}: rows lost / wrong not counted[/]", v.stopped_by)
     if result.released_sessions:
         table.add_row("Connect sessions released (killed clients')", str(result.released_sessions))
     table.add_row("time", f"{result.seconds:.0f}s")

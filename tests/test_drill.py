@@ -463,3 +463,80 @@ def test_a_drill_cut_short_says_so_in_its_table(tmp_path: Path) -> None:
     _print_report(report, Console(file=out, width=200))
     assert "stopped early (SIGUSR1)" in out.getvalue() and "3 of 1008 planned kills" in out.getvalue(), out.getvalue()
     assert report.to_json()["planned_kills"] == 1008
+
+
+# --- a round that a failed run stopped ------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_round_a_failed_run_stopped_counts_no_rows_lost_after_the_error(spark: Any, tmp_path: Path) -> None:
+    """A drill on input the pipeline refuses reported the rows after the error as lost, beside the
+    run's error; they were never applied, not lost. Such a round is verified as far as the
+    pipeline got: its tables are 'not verified' against the oracle (which folds all of the input)
+    and no row is counted lost or wrong; what an error cannot explain is still checked."""
+    from materializer.config import load_config
+    from materializer.errors import SourceError
+    from materializer.runtime import Runtime
+    from materializer.tools.drill.verification import verify
+
+    source = make_collection(tmp_path / "source", files=3, per_file=10, keys=6)
+    with (source / "part-002.jsonl").open("a") as handle:
+        handle.write(json.dumps({"id": 1, "n": 99, "name": "x", "score": 1.0, "colour": "red"}) + "\n")
+    (tmp_path / "prod").mkdir()
+    schema = "id BIGINT, n BIGINT, name STRING, score DOUBLE"
+    path = write_config(tmp_path / "prod", [binding("items", source, tmp_path / "prod" / "tables" / "items", max_files=1, schema=schema)], pipeline_id="stopped")
+    config = load_config(path)
+    with pytest.raises(SourceError, match="colour"):
+        Runtime(config, spark).run()  # epochs 1 and 2 applied; the third file is refused
+
+    counted = verify(config, spark)  # as the drill verified such a round
+    assert counted.tables[0].counts.get("lost", 0) + counted.tables[0].counts.get("wrong", 0) > 0
+    stopped_by = "run 1 failed (exit 7) before the sources drained"
+    stopped = verify(config, spark, stopped_by=stopped_by)
+    table = stopped.tables[0]
+    assert not table.verified and table.reason.startswith(stopped_by), table.reason
+    assert not table.lost and not table.wrong and set(table.counts) <= {"duplicated"}, table.counts
+    assert table.recorded_epoch == 2 and table.history_epochs == 2
+    assert stopped.problems == [] and stopped.verdict == "not verified" and stopped.stopped_by == stopped_by
+
+    # A bad line the oracle cannot read either: the round is not verified, the drill does not crash.
+    with (source / "part-002.jsonl").open("a") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(SourceError):
+        verify(config, spark)
+    unread = verify(config, spark, stopped_by=stopped_by)
+    assert not unread.tables[0].verified and "cannot read the input" in unread.tables[0].reason
+
+
+def test_a_drill_passes_the_failed_run_to_its_rounds_verification_and_its_table_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drill's side: a drain that fails marks the round's verification (and only that round's),
+    and the printed table says the round's rows were not counted."""
+    import io
+
+    from rich.console import Console
+
+    from cli.drill import _print_report
+    from materializer.tools.drill import RunRecord, scenarios
+    from materializer.tools.drill.verification import Verification
+
+    cfg_path = pipeline(tmp_path)
+    the_drill = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "work", kills=0, points=[]), None)
+    the_drill.new_round()
+    seen: list[str] = []
+
+    def fake_verify(config: Any, spark: Any, round_no: int = 1, reader: str = "spark", *, stopped_by: str = "") -> Verification:
+        seen.append(stopped_by)
+        return Verification(round=round_no, stopped_by=stopped_by)
+
+    monkeypatch.setattr(scenarios, "verify", fake_verify)
+    monkeypatch.setattr(Drill, "spark", lambda self: None)
+    failed = RunRecord(round=1, index=1, plan="drain", kind="drain", point=None, exit_code=7, outcome="failed", error="bad input")
+    monkeypatch.setattr(Drill, "run", lambda self, plan, extra_args=(): failed)
+    assert the_drill.drain() is False
+    the_drill.verify_round()
+    the_drill.verify_round()
+    assert seen == ["run 1 failed (exit 7) before the sources drained", ""]
+    out = io.StringIO()
+    _print_report(the_drill.report, Console(file=out, width=200))
+    assert "round 1: rows lost / wrong not counted" in out.getvalue() and "run 1 failed (exit 7)" in out.getvalue(), out.getvalue()
+    assert the_drill.report.verdict == "FAIL"

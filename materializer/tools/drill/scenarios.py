@@ -68,6 +68,9 @@ class Drill:
         self.stop_requested = False
         self._sessions: list[str] = []
         """``--remote``: the Connect session ids of this round's runs, released before it is verified."""
+        self._stopped_by = ""
+        """The run that failed in this round instead of recovering (its tables are verified as
+        far as the pipeline got: rows of the input after the error are not "lost")."""
         self.sizes = epoch_sizes(self.source_config, options)
         self.report.epoch_sizes = list(self.sizes.notes)
 
@@ -155,7 +158,8 @@ class Drill:
     def verify_round(self) -> Verification:
         self.release_sessions()
         self.collector.emit(Verifying(round=self.round_no))
-        result = verify(self.config, self.spark(), self.round_no, self.options.reader)
+        result = verify(self.config, self.spark(), self.round_no, self.options.reader, stopped_by=self._stopped_by)
+        self._stopped_by = ""
         self.report.rounds.append(result)
         self.collector.emit(Verified(verification=result))
         return result
@@ -168,6 +172,7 @@ class Drill:
                 return True
             if record.outcome == "failed":
                 self.report.problems.append(f"run {record.index} ({record.plan}) failed, exit {record.exit_code}:\n{record.error}")
+                self._stopped_by = f"run {record.index} failed (exit {record.exit_code}) before the sources drained"
                 return False
         self.report.problems.append("the pipeline did not finish after 3 clean runs")
         return False
@@ -238,6 +243,7 @@ class Drill:
                 self.report.problems.append(
                     f"run {record.index} ({record.plan}) failed with exit {record.exit_code} instead of recovering:\n{record.error}"
                 )
+                self._stopped_by = f"run {record.index} failed (exit {record.exit_code}) before the sources drained"
                 self.verify_round()
                 return False
             # Drained before the kill: verify this round and go again on a fresh copy.

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import PipelineConfig
-from materializer.errors import RecoveryLogError
+from materializer.errors import RecoveryLogError, SourceError
 from materializer.tools import oracle
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class Verification:
     log_problems: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     tables: list[TableCheck] = field(default_factory=list)
+    stopped_by: str = ""
+    """The run that failed before the sources drained, if one did: the rows were not compared."""
 
     @property
     def problems(self) -> list[str]:
@@ -67,17 +69,25 @@ class Verification:
         return "pass"
 
 
-def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, reader: str = "spark") -> Verification:
+def verify(
+    config: PipelineConfig, spark: "SparkSession", round_no: int = 1, reader: str = "spark", *, stopped_by: str = ""
+) -> Verification:
     """Tables against the oracle, Delta history against the log, staging empty, log whole.
 
     ``reader``: how the tables' rows are read, ``spark`` (Delta's own reader) or ``deltalake``
-    (delta-rs, no JVM: a reader independent of the one that wrote them; path tables only)."""
+    (delta-rs, no JVM: a reader independent of the one that wrote them; path tables only).
+
+    ``stopped_by``: the run that failed before the sources drained (bad input, say). The oracle
+    folds every document, the tables hold what was applied before the error: rows missing or
+    older than the oracle's are not a loss, so the tables are "not verified" against it (the
+    reason names the run), and only what an error cannot explain is checked: a key twice, an
+    epoch applied twice, a table ahead of the log, orphans, the log itself."""
     from materializer.delta import history, table_state
     from materializer.tables import TableRef
     from materializer.recovery_log import RecoveryLog
     from materializer.storage import open_store
 
-    result = Verification(round=round_no)
+    result = Verification(round=round_no, stopped_by=stopped_by)
     log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id)
     last_commit = None
     try:
@@ -121,9 +131,18 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
     result.orphans = [p for p in kept if dataset_of(p) not in needed]
     result.orphans += area.outside_areas()
 
-    expectations = oracle.expected_all(config)
+    try:
+        expectations = oracle.expected_all(config)
+    except SourceError as exc:
+        if not stopped_by:
+            raise
+        # The input the run stopped at may be what the oracle cannot read either (not JSON).
+        expectations = {
+            b.name: oracle.Expected(binding=b.name, verified=False, reason=f"the oracle cannot read the input either: {exc}")
+            for b in config.bindings
+        }
     known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
-    if len(known) == len(config.bindings) and max(known, default=0) != result.last_epoch:
+    if not stopped_by and len(known) == len(config.bindings) and max(known, default=0) != result.last_epoch:
         result.log_problems.append(
             f"the recovery log ends at epoch {result.last_epoch}; the sources make {max(known, default=0)} epochs"
         )
@@ -139,21 +158,22 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
             # A drill table is small; the oracle is plain Python, so the rows come to the driver.
             rows = [r.asDict(recursive=True) for r in df.collect()]
         cmp = oracle.compare(exp, rows, binding.key)
+        counted = ("duplicated",) if stopped_by else ("lost", "duplicated", "wrong")
         check = TableCheck(
             binding=binding.name,
             table=str(ref),
-            verified=exp.verified,
-            reason=exp.reason,
+            verified=exp.verified and not stopped_by,
+            reason=f"{stopped_by}; the oracle covers all of the input" if stopped_by and exp.verified else exp.reason,
             expected_rows=cmp.expected_rows,
             actual_rows=cmp.actual_rows,
-            counts=dict(cmp.counts),
-            lost=cmp.lost,
+            counts={k: n for k, n in cmp.counts.items() if k in counted},
+            lost=cmp.lost if "lost" in counted else [],
             duplicated=cmp.duplicated,
-            wrong=cmp.wrong,
+            wrong=cmp.wrong if "wrong" in counted else [],
             recorded_epoch=state.txn_version,
-            expected_epoch=exp.epochs if exp.verified else None,
+            expected_epoch=exp.epochs if exp.verified and not stopped_by else None,
         )
-        for kind in ("lost", "duplicated", "wrong"):
+        for kind in counted:
             if cmp.counts[kind]:
                 keys = ", ".join(json.dumps(d["key"]) for d in getattr(cmp, kind)[:10])
                 check.problems.append(f"{cmp.counts[kind]} row(s) {kind} (keys {keys})")
@@ -171,7 +191,9 @@ def verify(config: PipelineConfig, spark: "SparkSession", round_no: int = 1, rea
             check.problems.append(f"history's last epoch {max(tagged)} differs from the txn version {recorded}")
         if recorded > result.last_epoch:
             check.problems.append(f"table records epoch {recorded}, beyond the log's last epoch {result.last_epoch}")
-        if exp.verified and exp.epochs is not None:
+        if stopped_by:
+            pass  # epochs after the error were never made: nothing to say about missing ones
+        elif exp.verified and exp.epochs is not None:
             check.epochs_missing = sorted(set(range(1, exp.epochs + 1)) - set(tagged))
             if check.epochs_missing:
                 check.problems.append(f"Delta history lacks epochs {check.epochs_missing[:20]}")
