@@ -87,6 +87,7 @@ class Drill:
         self.config_path = root / "pipeline.yaml"
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
         self._runs_in_round = 0
+        self._stopped_by = ""  # (a failed run marks only its own round)
         self.collector.emit(RoundStarted(round=self.round_no, workdir=str(root)))
 
     @property
