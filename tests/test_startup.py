@@ -246,6 +246,14 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     for noise in (":: loading settings", ":: resolving", "found io.delta", "WARN", "INFO", "log4j", "SparkContext"):
         assert noise not in err, err
     assert err.splitlines()[0].startswith(("opened pipeline", "fetching jars")), err
+    # A refused line: our error (file:line, what to do), and not Spark's warnings of the query
+    # that numbers the file's lines to find it (a window over one partition, on purpose).
+    (pipeline.parent / "src" / "b.jsonl").write_text('{"id": 2}\n{not json\n')
+    refused = run_cli("run", "--config", str(pipeline))
+    assert refused.returncode == 3 and "b.jsonl:2: not valid JSON" in refused.stderr, refused.stderr[-3000:]
+    for noise in ("WARN", "INFO", "Exception", "Traceback"):
+        assert noise not in refused.stderr, refused.stderr
+    (pipeline.parent / "src" / "b.jsonl").write_text('{"id": 2}\n')
     verbose = run_cli("-v", "run", "--config", str(pipeline))
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "WARN NativeCodeLoader" in verbose.stderr  # Spark's own log4j defaults

@@ -59,6 +59,10 @@ logger.stream40.level = error
 # The apply threads' FAIR pools are made on first use, with the defaults we want, not from a file.
 logger.fair.name = org.apache.spark.scheduler.FairSchedulableBuilder
 logger.fair.level = error
+# A refused line is found by numbering its file's lines in one partition, on purpose (a window
+# without partitions; materializer.sources.json_documents): Spark warns of it right above our error.
+logger.window.name = org.apache.spark.sql.execution.window.WindowExec
+logger.window.level = error
 """
 
 
