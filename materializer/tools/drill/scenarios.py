@@ -173,7 +173,7 @@ class Drill:
                 return True
             if record.outcome == "failed":
                 self.report.problems.append(f"run {record.index} ({record.plan}) failed, exit {record.exit_code}:\n{record.error}")
-                self._stopped_by = f"run {record.index} failed (exit {record.exit_code}) before the sources drained"
+                self._stopped_by = _stopped_by(record)
                 return False
         self.report.problems.append("the pipeline did not finish after 3 clean runs")
         return False
@@ -244,7 +244,7 @@ class Drill:
                 self.report.problems.append(
                     f"run {record.index} ({record.plan}) failed with exit {record.exit_code} instead of recovering:\n{record.error}"
                 )
-                self._stopped_by = f"run {record.index} failed (exit {record.exit_code}) before the sources drained"
+                self._stopped_by = _stopped_by(record)
                 self.verify_round()
                 return False
             # Drained before the kill: verify this round and go again on a fresh copy.
@@ -439,3 +439,8 @@ class Drill:
 
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"drill stopped by signal {signum}")
+
+
+def _stopped_by(record: RunRecord) -> str:
+    """What a round's verification is told of the run that failed in it (Verification.stopped_by)."""
+    return f"run {record.index} failed (exit {record.exit_code}) before the sources drained"
