@@ -5,7 +5,7 @@ the model's.
 One drawn example is one binding's options and many independent histories (one key each), cut
 into a few epochs: the pipeline runs them through a few MERGEs on the shared SparkSession, so
 thousands of histories cost a few dozen MERGEs. ``MATERIALIZER_MODEL_EXAMPLES`` sets how many
-examples the full run draws (a `slow` test; ``pytest -m long`` draws ten times as many keys and examples).
+examples the full run draws (a `slow` test; ``pytest -m long`` draws ten times as many histories: five times the examples, each of twice the keys).
 """
 
 from __future__ import annotations
