@@ -94,6 +94,8 @@ def drill(
         the_drill = Drill(options, None)
         for note in the_drill.report.epoch_sizes:
             console.print(f"epochs: {note}")
+        for note in the_drill.report.scratch:
+            console.print(f"scratch: {note}")
         with progress:
             task = progress.add_task("starting", total=the_drill.planned())
             the_drill.collector = Printer()

@@ -144,6 +144,86 @@ def test_scratch_config_never_points_at_the_real_pipeline(tmp_path: Path) -> Non
     assert set(unreachable_points(cfg)) == {"mid-load"}
 
 
+def _fleet(tmp_path: Path) -> Any:
+    """A pipeline as a fleet is written: a declared binding with its own dead-letter table and a
+    live-row view, a template making a binding (table, dead letters, view) per sub-folder, and a
+    Kafka template; everything it writes lives under prod/ or in the catalog's prod schema."""
+    from materializer.config import load_config
+
+    prod = tmp_path / "prod"
+    for folder in ("eu", "us"):
+        make_collection(tmp_path / "land" / folder, files=3, per_file=4, seed=len(folder) + ord(folder[0]))
+    path = write_config(
+        tmp_path,
+        [binding("items", tmp_path / "land" / "eu", prod / "tables" / "items", on_invalid="dead_letter",
+                 dead_letter_table=str(prod / "rejects"), view="prod.items_live")],
+        pipeline_id="fleet-drill",
+        templates=[
+            {"source": {"format": "documents", "folders_in": str(tmp_path / "land")}, "name": "orders_{folder}",
+             "table": str(prod / "tables" / "orders_{folder}"), "key": ["id"], "on_invalid": "dead_letter",
+             "dead_letter_table": str(prod / "rejects"), "view": "prod.orders_{folder}_live"},
+            {"source": {"format": "kafka", "bootstrap_servers": "127.0.0.1:9", "topic_pattern": r"shop\.(?P<table>\w+)"},
+             "name": "shop_{table}", "table": "main.bronze.{table}", "key": ["id"]},
+        ],
+    )
+    return load_config(path)
+
+
+def test_scratch_config_moves_what_templates_dead_letters_and_views_would_write(tmp_path: Path) -> None:
+    """A drill on a fleet wrote into the real pipeline's places: the scratch copy moved only the
+    declared bindings' tables, so a template's tables, every dead-letter table and the live-row
+    views (replaced with views of the scratch tables) were the user's own."""
+    from materializer.templates import expand
+    from materializer.tools.drill import scratch_notes
+
+    cfg = _fleet(tmp_path)
+    root = tmp_path / "scratch"
+    data = scratch_config(cfg, root, max_files=1)
+    text = json.dumps({k: v for k, v in data.items()})
+    for own in (str(tmp_path / "prod"), "prod."):  # (main.bronze.{table}: checked below, made)
+        assert own not in text, (own, text)
+    scratch = parse_config(data, "scratch")
+    assert scratch.bindings[0].dead_letters == scratch.templates[0].dead_letter_table  # shared: one copy
+    assert all(t.source.max_files == 1 for t in scratch.templates if t.source.format == "documents")
+    made = expand(scratch, {0: ["eu", "us"], 1: ["shop.a", "shop.b"]}).config.bindings
+    assert [b.name for b in made] == ["items", "orders_eu", "orders_us", "shop_a", "shop_b"]
+    places = [b.table for b in made] + [b.dead_letters for b in made if b.dead_letters]
+    assert all(p.startswith(str(root)) for p in places), places
+    assert len({b.table for b in made}) == 5 and all(b.view is None for b in made)
+    assert [b.source.path for b in made[1:3]] == [str(tmp_path / "land" / f) for f in ("eu", "us")]  # read, not moved
+    notes = scratch_notes(cfg)
+    assert len(notes) == 1 and "items: prod.items_live" in notes[0] and "templates[0]: prod.orders_{folder}_live" in notes[0]
+
+
+def test_a_fleets_bindings_are_planned_for_from_what_its_templates_find(tmp_path: Path) -> None:
+    """With templates, the bindings they make from what is there now are what the drill sizes
+    epochs and reckons windows by: two sub-folders are two bindings (between two bindings' applies
+    can be hit), each counted for its epochs."""
+    from materializer.config import load_config
+    from materializer.tools.drill import BETWEEN_BINDINGS, epoch_sizes, known_bindings
+
+    for folder in ("eu", "us"):
+        make_collection(tmp_path / "land" / folder, files=10, per_file=2)
+    cfg = load_config(write_config(tmp_path, [], pipeline_id="fleet", templates=[
+        {"source": {"format": "documents", "folders_in": str(tmp_path / "land")}, "table": str(tmp_path / "t" / "{folder}"), "key": ["id"]}
+    ]))
+    known = known_bindings(cfg)
+    assert [b.name for b in known.bindings] == ["eu", "us"]
+    assert BETWEEN_BINDINGS not in unreachable_points(known) and "after-apply" not in unreachable_points(known)
+    sizes = epoch_sizes(known, DrillOptions(config=tmp_path))
+    assert sizes.max_files == 2 and sizes.notes[:2] == ("eu: 10 document files, 1000 an epoch", "us: 10 document files, 1000 an epoch")
+    drill = Drill(DrillOptions(config=tmp_path / "pipeline.yaml", workdir=tmp_path / "w", kills=1, seed=3))
+    drill.plans()
+    assert drill.report.windows()[BETWEEN_BINDINGS] == 0  # reachable, not hit yet (was "one binding")
+    assert drill.sizes.max_files == 2
+
+
+def test_a_round_verified_no_table_is_not_a_pass() -> None:
+    from materializer.tools.drill import Verification
+
+    assert Verification(round=1).verdict == "not verified"
+
+
 def test_plan_is_seeded_and_covers_every_reachable_point(tmp_path: Path) -> None:
     cfg_path = pipeline(tmp_path)
     plans = [Drill(DrillOptions(config=cfg_path, workdir=tmp_path / f"w{i}", kills=5, seed=3)).plans() for i in range(2)]
@@ -506,6 +586,31 @@ def test_a_round_a_failed_run_stopped_counts_no_rows_lost_after_the_error(spark:
         verify(config, spark)
     unread = verify(config, spark, stopped_by=stopped_by)
     assert not unread.tables[0].verified and "cannot read the input" in unread.tables[0].reason
+
+
+@pytest.mark.spark
+def test_a_round_of_a_fleet_verifies_every_table_its_templates_made(spark: Any, tmp_path: Path) -> None:
+    """A round's verification looked at the declared bindings only: a pipeline of templates had
+    its tables unread and its round said "pass". Now each binding the last committed epoch covers
+    is verified (its rows by delta-rs, its history, its txn version), in the scratch copy's places."""
+    from materializer.config import load_config
+    from materializer.runtime import open_runtime
+    from materializer.tools.drill.verification import verify
+
+    for folder in ("eu", "us"):
+        make_collection(tmp_path / "land" / folder, files=2, per_file=5, keys=4, seed=ord(folder[0]))
+    cfg = load_config(write_config(tmp_path, [], pipeline_id="fleet", templates=[
+        {"source": {"format": "documents", "folders_in": str(tmp_path / "land")}, "name": "orders_{folder}",
+         "table": str(tmp_path / "prod" / "{folder}"), "key": ["id"], "view": "default.orders_{folder}_live"}
+    ]))
+    scratch = parse_config(scratch_config(cfg, tmp_path / "round", max_files=1), "scratch")
+    assert open_runtime(scratch, spark).run().last_epoch == 2
+    checked = verify(scratch, spark, reader="deltalake")
+    assert [t.binding for t in checked.tables] == ["orders_eu", "orders_us"]
+    assert all(t.verified and t.expected_rows > 0 and t.recorded_epoch == 2 for t in checked.tables), checked.tables
+    assert all(t.table.startswith(str(tmp_path / "round")) for t in checked.tables)
+    assert checked.problems == [] and checked.verdict == "pass"
+    assert not (tmp_path / "prod").exists() and "orders_eu_live" not in [t.name for t in spark.catalog.listTables("default")]
 
 
 def test_a_drill_passes_the_failed_run_to_its_rounds_verification_and_its_table_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

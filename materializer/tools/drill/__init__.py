@@ -61,7 +61,9 @@ from materializer.tools.drill.plan import (
     EpochSizes,
     Plan,
     epoch_sizes,
+    known_bindings,
     scratch_config,
+    scratch_notes,
     unreachable_points,
 )
 from materializer.tools.drill.report import (
@@ -81,5 +83,5 @@ __all__ = [
     "Child", "Damaged", "Drill", "DrillError", "DrillOptions", "DrillReport", "EpochSizes", "Plan", "RoundStarted",
     "RunEnded", "RunPhase", "RunRecord", "RunStarted", "TableCheck", "Verification", "Verified", "Verifying",
     "child_env", "do_damage", "epoch_sizes", "kill_live", "read_event", "run_once", "scratch_config",
-    "unreachable_points", "verify",
+    "unreachable_points", "verify", "known_bindings", "scratch_notes",
 ]

@@ -5,6 +5,7 @@ configuration cannot reach; and the error of a drill that cannot run."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,34 +99,91 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path)
 
 
+def _scratch_name(value: str) -> str:
+    """A table name or path (with a template's ``{placeholders}`` kept) as one folder name."""
+    return re.sub(r"[^A-Za-z0-9_{}.-]+", "_", value).strip("_") or "table"
+
+
 def scratch_config(
     config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None,
     max_records: int | None = None, remote: str | None = None,
 ) -> dict[str, Any]:
-    """The configuration with its log, staging and tables moved under ``root``; sources unchanged."""
+    """The configuration with everything it writes moved under ``root``: the log, the staging, every
+    binding's table and dead-letter table, the tables its templates make (their placeholders
+    kept, so each binding made still gets a table of its own); its views left out (a drill run
+    would replace the user's view with one over the scratch table: :func:`scratch_notes`). The
+    sources are unchanged: they are only read."""
     # Only what the file set: a dump of every default would name other formats' settings (a
     # documents source with kafka's `starting`), which the configuration refuses.
     data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
     data["recovery_log"] = str(root / "log")
     data["staging"] = str(root / "staging")
+    dead_letters: dict[str, str] = {}
+
+    def dead_letter_table(value: str) -> str:
+        # Bindings that share a dead-letter table share its scratch copy.
+        return dead_letters.setdefault(value, str(root / "dead_letters" / f"{len(dead_letters) + 1}_{_scratch_name(value)}"))
+
     for binding in data["bindings"]:
         binding["table"] = str(root / "tables" / binding["name"])
         if binding["source"].get("path") is not None:
             binding["source"]["path"] = _absolute(binding["source"]["path"])
+    for index, template in enumerate(data.get("templates", [])):
+        template["table"] = str(root / "templates" / str(index) / _scratch_name(template["table"]))
+        if template["source"].get("folders_in") is not None:
+            template["source"]["folders_in"] = _absolute(template["source"]["folders_in"])
+    for binding in [*data["bindings"], *data.get("templates", [])]:
+        if binding.get("dead_letter_table") is not None:
+            binding["dead_letter_table"] = dead_letter_table(binding["dead_letter_table"])
+        binding.pop("view", None)
+        binding.pop("view_internal_columns", None)
+    documents = [b for b in [*data["bindings"], *data.get("templates", [])] if b["source"]["format"] == "documents"]
+    kafka = [
+        b for b in [*data["bindings"], *data.get("templates", [])]
+        if b["source"]["format"] == "kafka" and b["source"].get("payload", "documents") != "cdcv2"
+    ]
     if max_documents:
         data.setdefault("transaction", {})["max_documents"] = max_documents
     if max_files:
-        for binding in data["bindings"]:
-            if binding["source"]["format"] == "documents":
-                binding["source"]["max_files"] = max_files
+        for binding in documents:
+            binding["source"]["max_files"] = max_files
     if remote:
         # Every command of the round (run, recover) then runs on the server: a kill ends the client.
         data.setdefault("spark", {})["remote"] = remote
     if max_records:
-        for binding in data["bindings"]:
-            if binding["source"]["format"] == "kafka" and binding["source"].get("payload", "documents") != "cdcv2":
-                binding["source"]["max_records"] = max_records
+        for binding in kafka:
+            binding["source"]["max_records"] = max_records
     return data
+
+
+def scratch_notes(config: PipelineConfig) -> list[str]:
+    """What the scratch copy leaves out of the user's configuration, said in the report."""
+    views = [f"{b.name}: {b.view}" for b in config.bindings if b.view] + [
+        f"templates[{i}]: {t.view}" for i, t in enumerate(config.templates) if t.view
+    ]
+    notes = []
+    if views:
+        notes.append(
+            "live-row views left out of the scratch copy (a run would replace them with views of the scratch "
+            "tables): " + ", ".join(views)
+        )
+    return notes
+
+
+def known_bindings(config: PipelineConfig) -> PipelineConfig:
+    """The configuration with the bindings its templates make from what is there now (the
+    sub-folders of ``folders_in``, the topics a ``topic_pattern`` matches): what the drill sizes
+    epochs and plans kills for. A ``route_by`` template's tables are found by reading records, so
+    they are not among them; a listing that fails leaves the templates' bindings out (the
+    pipeline's runs will say why)."""
+    if not config.templates:
+        return config
+    from materializer.templates import discover, expand
+
+    try:
+        return expand(config, discover(config)).config
+    except MaterializerError:
+        return config
 
 
 @dataclass(frozen=True)

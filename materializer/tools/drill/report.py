@@ -73,6 +73,8 @@ class DrillReport:
     timing, not a fault of the pipeline; the verdict is about the tables."""
     epoch_sizes: list[str] = field(default_factory=list)
     """What the drill counted in the sources and set on the scratch copy (:func:`epoch_sizes`)."""
+    scratch: list[str] = field(default_factory=list)
+    """What the scratch copy leaves out of the configuration (:func:`scratch_notes`)."""
     seconds: float = 0.0
     report_path: str = ""
     stopped_early: bool = False

@@ -23,7 +23,9 @@ from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
 from materializer.tools.drill.damage import DAMAGES, do_damage
 from materializer.tools.drill.kill import RUN_EVENTS, Child, RunPhase, RunRecord, child_env, kill_live, run_once
-from materializer.tools.drill.plan import WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, scratch_config, unreachable_points
+from materializer.tools.drill.plan import (
+    WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, known_bindings, scratch_config, scratch_notes, unreachable_points,
+)
 from materializer.tools.drill.report import Damaged, DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
 from materializer.tools.drill.verification import Verification, verify
 
@@ -71,8 +73,11 @@ class Drill:
         self._stopped_by = ""
         """The run that failed in this round instead of recovering (its tables are verified as
         far as the pipeline got: rows of the input after the error are not "lost")."""
-        self.sizes = epoch_sizes(self.source_config, options)
+        # A pipeline with templates: the bindings they make from what the sources hold now.
+        self.known_config = known_bindings(self.source_config)
+        self.sizes = epoch_sizes(self.known_config, options)
         self.report.epoch_sizes = list(self.sizes.notes)
+        self.report.scratch = scratch_notes(self.source_config)
 
     # --- rounds ---
 
@@ -119,7 +124,7 @@ class Drill:
         record, phase = run_once(
             self.config_path,
             plan,
-            bindings=len(self.config.bindings),
+            bindings=len(self.known_config.bindings),
             round_no=self.round_no,
             index=self._index,
             log_path=self.root / "runs" / f"{self._index:04d}.log",
@@ -188,7 +193,7 @@ class Drill:
         # The points not asked for are not reported; a window the pipeline cannot have always is
         # (it is no point: filtered with them, a one-binding pipeline's report said "never hit").
         self.report.unreachable = {
-            p: why for p, why in unreachable_points(self.source_config).items() if p in requested or p in WINDOWS
+            p: why for p, why in unreachable_points(self.known_config).items() if p in requested or p in WINDOWS
         }
         plans = [Plan("point", point=p) for p in points if p.split(":")[0] not in self.report.unreachable]
         for _ in range(self.options.kills):
@@ -288,7 +293,7 @@ class Drill:
         log_a = self.root / "runs" / f"{self._index:04d}-zombie.log"
         started = time.monotonic()
         zombie = Child(["run", "--config", str(self.config_path), *RUN_EVENTS], child_env(), log_a)
-        phase = RunPhase(len(self.config.bindings))
+        phase = RunPhase(len(self.known_config.bindings))
         pause_at: float | None = None
         delay = self.rng.random() * 0.5
         for at, typed, line in zombie.items(timeout=self.options.run_timeout):
@@ -356,7 +361,7 @@ class Drill:
             "corrupt-log": ("after-ack-before-gc", RecoveryLogError.exit_code),
             "missing-staged": ("after-log-commit", StagingError.exit_code),
             # the first binding applied, the last binding's staged file is then truncated
-            "truncated-staged": ("after-apply" if len(self.config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
+            "truncated-staged": ("after-apply" if len(self.known_config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
         }
         log = RecoveryLog(open_store(self.config.recovery_log), self.config.pipeline_id)
         staging = open_store(self.config.staging_root)
@@ -430,7 +435,7 @@ class Drill:
         """Steps the progress bar counts."""
         if self.options.scenario == "kills":
             points = self.options.points if self.options.points is not None else list(crash.POINTS)
-            reachable = [p for p in points if p.split(":")[0] not in unreachable_points(self.source_config)]
+            reachable = [p for p in points if p.split(":")[0] not in unreachable_points(self.known_config)]
             return len(reachable) + self.options.kills + 1
         if self.options.scenario == "zombie":
             return 3

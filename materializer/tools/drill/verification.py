@@ -64,8 +64,8 @@ class Verification:
     def verdict(self) -> str:
         if self.problems:
             return "FAIL"
-        if any(not t.verified for t in self.tables):
-            return "not verified"
+        if not self.tables or any(not t.verified for t in self.tables):
+            return "not verified"  # (no table at all: nothing was verified)
         return "pass"
 
 
@@ -111,6 +111,12 @@ def verify(
     if seqs and seqs != list(range(seqs[0], seqs[0] + len(seqs))):
         result.log_problems.append(f"log sequence numbers have a gap: {seqs}")
     result.last_epoch = last_commit.epoch if last_commit else 0
+    if config.templates:
+        from materializer import templates
+
+        # The bindings the templates made (a sub-folder, a topic, a routed value each), as the last
+        # committed epoch covers them: each of their tables is verified like a declared one's.
+        config = templates.expand(config, {}, templates.recorded_set(last_commit), epoch=result.last_epoch).config
 
     # Orphans are what no run will ever delete: files of the staging area that the next Open
     # keeps although no committed entry needs them (applied epochs' staged files, files outside
