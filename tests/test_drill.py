@@ -592,16 +592,22 @@ def test_a_round_a_failed_run_stopped_counts_no_rows_lost_after_the_error(spark:
 def test_a_round_of_a_fleet_verifies_every_table_its_templates_made(spark: Any, tmp_path: Path) -> None:
     """A round's verification looked at the declared bindings only: a pipeline of templates had
     its tables unread and its round said "pass". Now each binding the last committed epoch covers
-    is verified (its rows by delta-rs, its history, its txn version), in the scratch copy's places."""
+    is verified (its rows by delta-rs, its history, its txn version), in the scratch copy's places;
+    and a binding's dead letters are left out of the oracle's fold (the oracle stopped the drill on
+    the first line it could not read), each of them once in its dead-letter table."""
     from materializer.config import load_config
     from materializer.runtime import open_runtime
     from materializer.tools.drill.verification import verify
 
     for folder in ("eu", "us"):
         make_collection(tmp_path / "land" / folder, files=2, per_file=5, keys=4, seed=ord(folder[0]))
+    bad = tmp_path / "land" / "us" / "part-000.jsonl"
+    with bad.open("a") as handle:
+        handle.write('{"id": 1, "n": \n')  # line 6: set aside as a dead letter
     cfg = load_config(write_config(tmp_path, [], pipeline_id="fleet", templates=[
         {"source": {"format": "documents", "folders_in": str(tmp_path / "land")}, "name": "orders_{folder}",
-         "table": str(tmp_path / "prod" / "{folder}"), "key": ["id"], "view": "default.orders_{folder}_live"}
+         "table": str(tmp_path / "prod" / "{folder}"), "key": ["id"], "view": "default.orders_{folder}_live",
+         "on_invalid": "dead_letter", "dead_letter_table": str(tmp_path / "prod" / "rejects")}
     ]))
     scratch = parse_config(scratch_config(cfg, tmp_path / "round", max_files=1), "scratch")
     assert open_runtime(scratch, spark).run().last_epoch == 2
@@ -609,8 +615,14 @@ def test_a_round_of_a_fleet_verifies_every_table_its_templates_made(spark: Any, 
     assert [t.binding for t in checked.tables] == ["orders_eu", "orders_us"]
     assert all(t.verified and t.expected_rows > 0 and t.recorded_epoch == 2 for t in checked.tables), checked.tables
     assert all(t.table.startswith(str(tmp_path / "round")) for t in checked.tables)
-    assert checked.problems == [] and checked.verdict == "pass"
+    assert checked.problems == [] and checked.verdict == "pass"  # the bad line: in the dead letters, not the fold
     assert not (tmp_path / "prod").exists() and "orders_eu_live" not in [t.name for t in spark.catalog.listTables("default")]
+    # A bad line that is in neither table is a document lost (here: written after the run).
+    with bad.open("a") as handle:
+        handle.write("{oops\n")
+    lost = verify(scratch, spark, reader="deltalake")
+    assert lost.verdict == "FAIL" and "orders_us: a document neither landed nor set aside" in lost.problems[0], lost.problems
+    assert "part-000.jsonl:7" in lost.problems[0]
 
 
 def test_a_drill_passes_the_failed_run_to_its_rounds_verification_and_its_table_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -105,22 +106,32 @@ def file_epochs(binding: BindingConfig) -> list[list[str]]:
     return groups
 
 
+SET_ASIDE: ContextVar[dict[str, frozenset[tuple[str, int]]]] = ContextVar("set_aside", default={})
+"""Per source path, the (file, line) of the documents its binding set aside as dead letters
+(``on_invalid: dead_letter``; read from the dead-letter table by the drill's verification): left
+out of the fold (:func:`expected`'s ``set_aside``)."""
+
+
 def documents(path: str) -> Iterator[tuple[str, int, Row]]:
-    """Every document of a ``documents`` source in file-name order: (file, line, document)."""
+    """Every document of a ``documents`` source in file-name order: (file, line, document); the
+    lines its binding set aside as dead letters left out (:data:`SET_ASIDE`). A line that is not
+    a JSON object and was not set aside stops the oracle, naming it."""
     store = open_store(path)
+    set_aside = SET_ASIDE.get().get(path)
     files = [name for name, _size in document_files(path)]
     for name in files:
         with store.open_read(name) as handle:
             for number, raw in enumerate(handle, start=1):
                 text = raw.strip()
-                if not text:
+                if not text or (set_aside is not None and (name, number) in set_aside):
                     continue
+                missing = " and is not in the binding's dead-letter table" if set_aside is not None else ""
                 try:
                     doc = json.loads(text)
                 except ValueError as exc:
-                    raise SourceError(f"{store.uri}/{name}:{number}: not valid JSON ({exc})", file=name, line=number) from None
+                    raise SourceError(f"{store.uri}/{name}:{number}: not valid JSON ({exc}){missing}", file=name, line=number) from None
                 if not isinstance(doc, dict):
-                    raise SourceError(f"{store.uri}/{name}:{number}: not a JSON object", file=name, line=number)
+                    raise SourceError(f"{store.uri}/{name}:{number}: not a JSON object{missing}", file=name, line=number)
                 yield name, number, doc
 
 
@@ -241,8 +252,18 @@ def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
     return _from_model(binding, unique_keys=False)
 
 
-def expected(binding: BindingConfig, max_documents: int) -> Expected:
-    """The oracle's expectation for one binding, or ``verified=False`` with the reason."""
+def expected(binding: BindingConfig, max_documents: int, set_aside: "frozenset[tuple[str, int]] | None" = None) -> Expected:
+    """The oracle's expectation for one binding, or ``verified=False`` with the reason.
+
+    ``set_aside``: for a files source with ``on_invalid: dead_letter``, the (file, line) of the
+    documents the pipeline set aside (its dead-letter table): they are left out of the fold, and
+    any other line the oracle cannot read is a document lost (a SourceError naming it)."""
+    if set_aside is not None and binding.source.path is not None:
+        token = SET_ASIDE.set({**SET_ASIDE.get(), binding.source.path: set_aside})
+        try:
+            return expected(binding, max_documents)
+        finally:
+            SET_ASIDE.reset(token)
     if binding.source.format == "kafka" and (binding.source.routed is not None or binding.source.unrouted is not None):
         return Expected(
             binding=binding.name, verified=False,

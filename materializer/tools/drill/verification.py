@@ -137,16 +137,30 @@ def verify(
     result.orphans = [p for p in kept if dataset_of(p) not in needed]
     result.orphans += area.outside_areas()
 
-    try:
-        expectations = oracle.expected_all(config)
-    except SourceError as exc:
-        if not stopped_by:
-            raise
-        # The input the run stopped at may be what the oracle cannot read either (not JSON).
-        expectations = {
-            b.name: oracle.Expected(binding=b.name, verified=False, reason=f"the oracle cannot read the input either: {exc}")
-            for b in config.bindings
-        }
+    # Bindings with dead letters: what the pipeline set aside is left out of the oracle's fold, and
+    # each set-aside document must be in the dead-letter table once.
+    set_aside: dict[str, frozenset[tuple[str, int]]] = {}
+    problems: dict[str, list[str]] = {b.name: [] for b in config.bindings}
+    for binding in config.bindings:
+        if binding.on_invalid == "dead_letter" and binding.source.format in ("documents", "cdcv2") and binding.dead_letters:
+            lines = _set_aside(spark, binding, reader)
+            set_aside[binding.name] = frozenset(lines)
+            twice = sorted(f"{f}:{n}" for (f, n), times in lines.items() if times > 1)
+            if twice:
+                problems[binding.name].append(f"dead letters set aside more than once: {', '.join(twice[:10])}")
+    expectations: dict[str, oracle.Expected] = {}
+    for binding in config.bindings:
+        try:
+            expectations[binding.name] = oracle.expected(binding, config.transaction.max_documents, set_aside.get(binding.name))
+        except SourceError as exc:
+            if binding.name in set_aside and not stopped_by:
+                problems[binding.name].append(f"a document neither landed nor set aside: {exc}")
+            elif not stopped_by:
+                raise
+            # The input the run stopped at may be what the oracle cannot read either (not JSON).
+            expectations[binding.name] = oracle.Expected(
+                binding=binding.name, verified=False, reason=f"the oracle cannot read the input either: {exc}"
+            )
     known = [e.epochs for e in expectations.values() if e.verified and e.epochs is not None]
     if not stopped_by and len(known) == len(config.bindings) and max(known, default=0) != result.last_epoch:
         result.log_problems.append(
@@ -179,6 +193,7 @@ def verify(
             recorded_epoch=state.txn_version,
             expected_epoch=exp.epochs if exp.verified and not stopped_by else None,
         )
+        check.problems += problems[binding.name]
         for kind in counted:
             if cmp.counts[kind]:
                 keys = ", ".join(json.dumps(d["key"]) for d in getattr(cmp, kind)[:10])
@@ -210,6 +225,24 @@ def verify(
                 check.problems.append(f"table records epoch {recorded}; the log's last epoch is {result.last_epoch}")
         result.tables.append(check)
     return result
+
+
+def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tuple[str, int]]:
+    """The (file, line) of the documents a files binding set aside, counted, from its dead-letter
+    table (none yet: empty)."""
+    from materializer.delta import table_state
+    from materializer.tables import TableRef
+
+    ref = TableRef(binding.dead_letters)
+    if not table_state(spark, ref, "").exists:
+        return Counter()
+    if reader == "deltalake" and ref.is_path:
+        rows = _rows_by_delta_rs(ref.location)
+    else:
+        df = spark.read.format("delta").load(ref.location) if ref.is_path else spark.table(ref.location)
+        rows = [r.asDict() for r in df.select("binding", "source", "line").collect()]
+    # The source column is the file's URI; the files are the source folder's own (top level).
+    return Counter((str(r["source"]).rsplit("/", 1)[-1], int(r["line"])) for r in rows if r["binding"] == binding.name)
 
 
 def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
