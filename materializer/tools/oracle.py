@@ -106,10 +106,11 @@ def file_epochs(binding: BindingConfig) -> list[list[str]]:
     return groups
 
 
-SET_ASIDE: ContextVar[dict[str, frozenset[tuple[str, int]]]] = ContextVar("set_aside", default={})
-"""Per source path, the (file, line) of the documents its binding set aside as dead letters
-(``on_invalid: dead_letter``; read from the dead-letter table by the drill's verification): left
-out of the fold (:func:`expected`'s ``set_aside``)."""
+SET_ASIDE: ContextVar[dict[str, frozenset[tuple[Any, ...]]]] = ContextVar("set_aside", default={})
+"""What bindings set aside as dead letters (``on_invalid: dead_letter``; read from the dead-letter
+table by the drill's verification), left out of the fold (:func:`expected`'s ``set_aside``): per
+files source path, the (file, line) of its documents; per ``kafka:<binding>``, the (topic,
+partition, offset) of its records (:mod:`materializer.tools.oracle_kafka`)."""
 
 
 def documents(path: str) -> Iterator[tuple[str, int, Row]]:
@@ -252,14 +253,16 @@ def documents_scd2(binding: BindingConfig, max_documents: int) -> Expected:
     return _from_model(binding, unique_keys=False)
 
 
-def expected(binding: BindingConfig, max_documents: int, set_aside: "frozenset[tuple[str, int]] | None" = None) -> Expected:
+def expected(binding: BindingConfig, max_documents: int, set_aside: "frozenset[tuple[Any, ...]] | None" = None) -> Expected:
     """The oracle's expectation for one binding, or ``verified=False`` with the reason.
 
-    ``set_aside``: for a files source with ``on_invalid: dead_letter``, the (file, line) of the
-    documents the pipeline set aside (its dead-letter table): they are left out of the fold, and
-    any other line the oracle cannot read is a document lost (a SourceError naming it)."""
-    if set_aside is not None and binding.source.path is not None:
-        token = SET_ASIDE.set({**SET_ASIDE.get(), binding.source.path: set_aside})
+    ``set_aside``: with ``on_invalid: dead_letter``, what the pipeline set aside (its dead-letter
+    table): (file, line) of a files source's documents, (topic, partition, offset) of a topic's
+    records. They are left out of the fold, and any other document the oracle cannot read is a
+    document lost (a SourceError naming it)."""
+    if set_aside is not None:
+        where = f"kafka:{binding.name}" if binding.source.format == "kafka" else str(binding.source.path)
+        token = SET_ASIDE.set({**SET_ASIDE.get(), where: set_aside})
         try:
             return expected(binding, max_documents)
         finally:

@@ -142,10 +142,10 @@ def verify(
     set_aside: dict[str, frozenset[tuple[str, int]]] = {}
     problems: dict[str, list[str]] = {b.name: [] for b in config.bindings}
     for binding in config.bindings:
-        if binding.on_invalid == "dead_letter" and binding.source.format in ("documents", "cdcv2") and binding.dead_letters:
+        if binding.on_invalid == "dead_letter" and binding.dead_letters:
             lines = _set_aside(spark, binding, reader)
             set_aside[binding.name] = frozenset(lines)
-            twice = sorted(f"{f}:{n}" for (f, n), times in lines.items() if times > 1)
+            twice = sorted(":".join(str(part) for part in where) for where, times in lines.items() if times > 1)
             if twice:
                 problems[binding.name].append(f"dead letters set aside more than once: {', '.join(twice[:10])}")
     expectations: dict[str, oracle.Expected] = {}
@@ -227,9 +227,9 @@ def verify(
     return result
 
 
-def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tuple[str, int]]:
-    """The (file, line) of the documents a files binding set aside, counted, from its dead-letter
-    table (none yet: empty)."""
+def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tuple[Any, ...]]:
+    """What a binding set aside, counted, from its dead-letter table (none yet: empty): the
+    (file, line) of a files source's documents, the (topic, partition, offset) of a topic's records."""
     from materializer.delta import table_state
     from materializer.tables import TableRef
 
@@ -240,9 +240,12 @@ def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tupl
         rows = _rows_by_delta_rs(ref.location)
     else:
         df = spark.read.format("delta").load(ref.location) if ref.is_path else spark.table(ref.location)
-        rows = [r.asDict() for r in df.select("binding", "source", "line").collect()]
+        rows = [r.asDict() for r in df.collect()]
+    mine = [r for r in rows if r["binding"] == binding.name]
+    if binding.source.format == "kafka":
+        return Counter((str(r["topic"]), int(r["partition"]), int(r["offset"])) for r in mine)
     # The source column is the file's URI; the files are the source folder's own (top level).
-    return Counter((str(r["source"]).rsplit("/", 1)[-1], int(r["line"])) for r in rows if r["binding"] == binding.name)
+    return Counter((str(r["source"]).rsplit("/", 1)[-1], int(r["line"])) for r in mine)
 
 
 def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
