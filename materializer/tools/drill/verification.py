@@ -139,7 +139,7 @@ def verify(
 
     # Bindings with dead letters: what the pipeline set aside is left out of the oracle's fold, and
     # each set-aside document must be in the dead-letter table once.
-    set_aside: dict[str, frozenset[tuple[str, int]]] = {}
+    set_aside: dict[str, frozenset[tuple[Any, ...]]] = {}
     problems: dict[str, list[str]] = {b.name: [] for b in config.bindings}
     for binding in config.bindings:
         if binding.on_invalid == "dead_letter" and binding.dead_letters:
