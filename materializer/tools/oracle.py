@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -37,6 +36,7 @@ from materializer.storage import open_store
 from materializer.tools import oracle_kafka  # registers the kafka oracle; confluent-kafka is imported when a topic is read
 from materializer.tools.oracle_rows import (
     ORACLES,
+    SET_ASIDE,
     Expected,
     Key,
     Row,
@@ -104,13 +104,6 @@ def file_epochs(binding: BindingConfig) -> list[list[str]]:
         groups[-1].append(name)
         size += length
     return groups
-
-
-SET_ASIDE: ContextVar[dict[str, frozenset[tuple[Any, ...]]]] = ContextVar("set_aside", default={})
-"""What bindings set aside as dead letters (``on_invalid: dead_letter``; read from the dead-letter
-table by the drill's verification), left out of the fold (:func:`expected`'s ``set_aside``): per
-files source path, the (file, line) of its documents; per ``kafka:<binding>``, the (topic,
-partition, offset) of its records (:mod:`materializer.tools.oracle_kafka`)."""
 
 
 def documents(path: str) -> Iterator[tuple[str, int, Row]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
-from materializer.tools.oracle_rows import Expected, Key, Row, canonical, cdcv2_state, fold, is_delete, key_of, register
+from materializer.tools.oracle_rows import SET_ASIDE, Expected, Key, Row, canonical, cdcv2_state, fold, is_delete, key_of, register
 
 Record = tuple[str, int, int, "bytes | None", "bytes | None"]
 """(topic, partition, offset, key, value)."""
@@ -138,8 +138,6 @@ def kafka_standard(binding: BindingConfig, max_documents: int) -> Expected:
     if source.starting != "earliest":
         return Expected(binding=binding.name, verified=False, reason="the kafka oracle reads from the earliest offsets only")
     records = read_topic(str(source.bootstrap_servers), source.topic_names, dict(source.client_options))
-    from materializer.tools.oracle import SET_ASIDE
-
     set_aside = SET_ASIDE.get().get(f"kafka:{binding.name}")
     if set_aside is not None:
         # The records the binding set aside as dead letters are not folded; any other the oracle

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Callable, Iterable
@@ -89,6 +90,13 @@ def fields_of(doc: Row) -> Row:
 # --- the register of oracles -----------------------------------------------------------------
 
 OracleFn = Callable[[BindingConfig, int], Expected]
+SET_ASIDE: ContextVar[dict[str, frozenset[tuple[Any, ...]]]] = ContextVar("set_aside", default={})
+"""What bindings set aside as dead letters (``on_invalid: dead_letter``; read from the dead-letter
+table by the drill's verification), left out of the fold (``set_aside`` of :func:`materializer.tools.oracle.expected`): per
+files source path, the (file, line) of its documents; per ``kafka:<binding>``, the (topic,
+partition, offset) of its records (:mod:`materializer.tools.oracle_kafka`)."""
+
+
 ORACLES: dict[tuple[str, str], OracleFn] = {}
 
 
