@@ -616,6 +616,8 @@ def test_a_round_of_a_fleet_verifies_every_table_its_templates_made(spark: Any, 
     assert all(t.verified and t.expected_rows > 0 and t.recorded_epoch == 2 for t in checked.tables), checked.tables
     assert all(t.table.startswith(str(tmp_path / "round")) for t in checked.tables)
     assert checked.problems == [] and checked.verdict == "pass"  # the bad line: in the dead letters, not the fold
+    by_spark = verify(scratch, spark, reader="spark")  # the dead letters read by Spark: the same verdict
+    assert by_spark.problems == [] and by_spark.verdict == "pass" and len(by_spark.tables) == 2
     assert not (tmp_path / "prod").exists() and "orders_eu_live" not in [t.name for t in spark.catalog.listTables("default")]
     # A bad line that is in neither table is a document lost (here: written after the run).
     with bad.open("a") as handle:

@@ -236,11 +236,16 @@ def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tupl
     ref = TableRef(binding.dead_letters)
     if not table_state(spark, ref, "").exists:
         return Counter()
+    # Where each document came from, not the documents: a dead-letter table keeps every rejected
+    # line or record whole, and a shared one every binding's.
+    where = ("topic", "partition", "offset") if binding.source.format == "kafka" else ("source", "line")
     if reader == "deltalake" and ref.is_path:
-        rows = _rows_by_delta_rs(ref.location)
+        rows = _rows_by_delta_rs(ref.location, ("binding", *where))
     else:
+        from pyspark.sql import functions as F
+
         df = spark.read.format("delta").load(ref.location) if ref.is_path else spark.table(ref.location)
-        rows = [r.asDict() for r in df.collect()]
+        rows = [r.asDict() for r in df.where(F.col("binding") == binding.name).select("binding", *where).collect()]
     mine = [r for r in rows if r["binding"] == binding.name]
     if binding.source.format == "kafka":
         return Counter((str(r["topic"]), int(r["partition"]), int(r["offset"])) for r in mine)
@@ -248,12 +253,15 @@ def _set_aside(spark: "SparkSession", binding: Any, reader: str) -> Counter[tupl
     return Counter((str(r["source"]).rsplit("/", 1)[-1], int(r["line"])) for r in mine)
 
 
-def _rows_by_delta_rs(location: str) -> list[dict[str, Any]]:
-    """A path table's rows read by delta-rs (deltalake), not by the Spark that wrote them, through
-    its QueryBuilder, which applies deletion vectors (``to_pyarrow_table`` refuses such a table)."""
+def _rows_by_delta_rs(location: str, columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """A path table's rows (``columns`` of them, or all) read by delta-rs (deltalake), not by the
+    Spark that wrote them, through its QueryBuilder, which applies deletion vectors
+    (``to_pyarrow_table`` refuses such a table)."""
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder  # a core dependency (status reads the Delta log with it)
 
     path = location[len("file:") :] if location.startswith("file:") else location
-    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+    # Quoted: DataFusion folds unquoted names to lower case, and "partition" and "offset" are keywords.
+    selected = ", ".join('"' + c.replace('"', '""') + '"' for c in columns) if columns else "*"
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute(f"SELECT {selected} FROM t")
     return pa.table(reader.read_all()).to_pylist()
