@@ -33,6 +33,10 @@ def drill(
         None, "--remote", help="Spark Connect server (sc://host:port): every run goes there, a kill ends the client only and the server's operation runs on."
     ),
     reader: str = typer.Option("spark", "--reader", help="How the tables are read for the comparison: spark, or deltalake (delta-rs, independent of the writer)."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume",
+        help="The report of a kills drill stopped early (SIGUSR1): make the rest of its planned kills in its workdir, same seed and sources, and write one report of all of them (to that report unless --report).",
+    ),
 ) -> None:
     """Kill the pipeline over and over on a scratch copy, restart it, and prove nothing was lost or duplicated.
 
@@ -71,6 +75,7 @@ def drill(
         reader=reader,
         remote=remote,
         report=report,
+        resume=resume,
     )
     try:
         progress = Progress(
@@ -92,6 +97,12 @@ def drill(
                     progress.console.print(f"  damage {event.damage}: {event.what}")
 
         the_drill = Drill(options, None)
+        if resume is not None:
+            done = the_drill.report
+            console.print(
+                f"resuming the drill of {done.started_at} (seed {done.seed}): {done.plans_done} of {done.planned_kills} "
+                f"planned kills made in {len(done.sittings) - 1} sitting(s), {len(done.rounds)} rounds; round {len(done.rounds) + 1} on"
+            )
         for note in the_drill.report.epoch_sizes:
             console.print(f"epochs: {note}")
         for note in the_drill.report.scratch:
@@ -131,12 +142,11 @@ def _print_report(result: Any, console: Any) -> None:
         if v.stopped_by:
             # Its tables hold what was applied before the error: missing rows there are no loss.
             table.add_row(f"[yellow]round {v.round}: rows lost / wrong not counted[/]", v.stopped_by)
-    for v in result.rounds:
-        if v.stopped_by:
-            # Its tables hold what was applied before the error: missing rows there are no loss.
-            table.add_row(f"[yellow]round {v.round}: rows lost / wrong not counted[/]", v.stopped_by)
     if result.released_sessions:
         table.add_row("Connect sessions released (killed clients')", str(result.released_sessions))
+    if len(result.sittings) > 1:
+        parts = ", ".join(f"{s.get('kills', '?')} kills from {s['started_at']}" for s in result.sittings)
+        table.add_row("sittings (resumed)", f"{len(result.sittings)}: {parts}")
     table.add_row("time", f"{result.seconds:.0f}s")
     color = {"pass": "green", "FAIL": "red"}.get(result.verdict, "yellow")
     table.add_row("verdict", f"[bold {color}]{result.verdict}[/]")

@@ -659,3 +659,83 @@ def test_a_drill_passes_the_failed_run_to_its_rounds_verification_and_its_table_
     _print_report(the_drill.report, Console(file=out, width=200))
     assert "round 1: rows lost / wrong not counted" in out.getvalue() and "run 1 failed (exit 7)" in out.getvalue(), out.getvalue()
     assert the_drill.report.verdict == "FAIL"
+
+
+def test_a_drill_stopped_early_is_resumed_with_the_rest_of_its_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--resume``: the second sitting makes exactly the kills the first one did not (the seed's
+    plan, from where it stopped), in the same workdir on new rounds, and the report counts both
+    sittings; its printed table says so. Runs and verification are faked (no JVM): what is tested
+    is which kills each sitting makes and what the one report says."""
+    import io
+
+    from rich.console import Console
+
+    from cli.drill import _print_report
+    from materializer.tools.drill import DrillError, Plan, RunRecord, TableCheck, Verification
+
+    cfg_path = pipeline(tmp_path)
+    points = ["after-log-commit", "mid-apply"]
+    made: list[list[str]] = [[]]
+
+    def fake_run(self: Drill, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
+        self._index += 1
+        self._runs_in_round += 1
+        drain = plan.kind == "drain"
+        record = RunRecord(round=self.round_no, index=self._index, plan=plan.label, kind=plan.kind, point=plan.point,
+                           exit_code=0 if drain else -9, outcome="finished" if drain else "killed", landed="" if drain else "apply")
+        if not drain:
+            made[-1].append(plan.label)
+        self.report.runs.append(record)
+        return record
+
+    def fake_verify(self: Drill) -> Verification:
+        result = Verification(round=self.round_no, last_epoch=3, tables=[TableCheck(binding="docs", table="t", verified=True)])
+        self.report.rounds.append(result)
+        return result
+
+    monkeypatch.setattr(Drill, "run", fake_run)
+    monkeypatch.setattr(Drill, "verify_round", fake_verify)
+    whole = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "whole", kills=9, seed=5, points=points), None).plans()
+    assert len(whole) == 11
+
+    report_path = tmp_path / "drill.json"
+    first = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "work", kills=9, seed=5, points=points, report=report_path), None)
+    ticks = [0]
+
+    def tick() -> None:  # SIGUSR1 after the fourth kill: the kill in progress ends, then drain and verify
+        ticks[0] += 1
+        if ticks[0] == 4:
+            first.stop_requested = True
+
+    stopped = first.execute(tick)
+    assert stopped.stopped_early and stopped.plans_done == 4 and made[0] == [p.label for p in whole[:4]]
+    saved = json.loads(report_path.read_text())
+    assert saved["kills_total"] == 4 and saved["planned_kills"] == 11 and saved["verdict"] == "pass"
+
+    # A report written before the drill kept its count and plan: counted from its kills, and the
+    # command line must plan what it planned.
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({k: v for k, v in saved.items() if k not in ("plans_done", "kill_plan", "sittings")}))
+    assert Drill(DrillOptions(config=cfg_path, kills=9, points=points, resume=older), None).report.plans_done == 4
+    with pytest.raises(DrillError, match="it planned 11 kills, these options plan 10"):
+        Drill(DrillOptions(config=cfg_path, kills=8, points=points, resume=older), None)
+
+    # Resumed: the plan comes from the report (its --kills and --points), not this command line.
+    made.append([])
+    resumed = Drill(DrillOptions(config=cfg_path, kills=1, resume=report_path), None)
+    assert resumed.planned() == 11 + 1 - 4
+    done = resumed.execute()
+    assert made[1] == [p.label for p in whole[4:]]  # the rest of the same plan, in order, once each
+    again = json.loads(report_path.read_text())
+    assert (again["kills_total"], again["plans_done"], again["stopped_early"], again["verdict"]) == (11, 11, False, "pass")
+    assert [s["kills"] for s in again["sittings"]] == [4, 7]
+    assert [r["round"] for r in again["rounds"]] == [1, 2] and (tmp_path / "work" / "round-002").is_dir()
+    indices = [r["index"] for r in again["runs"]]
+    assert indices == sorted(set(indices))  # run numbers go on; no log file of the first sitting is overwritten
+    out = io.StringIO()
+    _print_report(done, Console(file=out, width=200))
+    assert "sittings (resumed)" in out.getvalue() and "4 kills from" in out.getvalue(), out.getvalue()
+
+    # Nothing left to resume; and a report whose drill made its whole plan is refused by name.
+    with pytest.raises(DrillError, match="was not stopped early"):
+        Drill(DrillOptions(config=cfg_path, resume=report_path), None)

@@ -88,6 +88,9 @@ class DrillOptions:
     kill ends the client only and the server's operation runs on; the drill verifies through it too."""
     keep: bool = False
     report: Path | None = None
+    resume: Path | None = None
+    """The report of a ``kills`` drill stopped early (SIGUSR1): go on with the rest of its plan, in
+    its workdir (new rounds after its last), and write one report of every sitting."""
 
 
 # --- the scratch copy of the pipeline ----------------------------------------------------------

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from materializer.events import Event
 from materializer.tools.drill.kill import RunRecord
 from materializer.tools.drill.plan import WINDOWS
-from materializer.tools.drill.verification import Verification
+from materializer.tools.drill.verification import TableCheck, Verification
 
 
 # --- the drill's own events (for `materializer drill`'s display) -------------------------------
@@ -84,6 +84,29 @@ class DrillReport:
     released_sessions: int = 0
     """``--remote``: the Connect sessions (the runs' and their clones') released on the server
     before each round's verification; a killed client never releases its own."""
+    plans_done: int = 0
+    """Kills of the plan (failure points, then random kills) carried out: landed, missed or
+    found unreachable. A drill stopped early is resumed from here (``--resume``)."""
+    kill_plan: dict[str, Any] = field(default_factory=dict)
+    """What the plan was drawn from (``kills``, ``points``; with ``seed`` and the sources' epoch
+    sizes that is the whole plan): a resumed drill draws the same plan and goes on with the rest."""
+    sittings: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per process that ran the drill (``started_at``, ``seconds``, ``kills``, ``version``):
+    more than one when a drill stopped early was resumed."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DrillReport":
+        """A report as :meth:`to_json` wrote it (the figures it adds are computed again)."""
+        def only(kind: Any, item: dict[str, Any]) -> dict[str, Any]:
+            names = {f.name for f in fields(kind)}
+            return {k: v for k, v in item.items() if k in names}
+
+        rounds = []
+        for item in data.get("rounds", []):
+            tables = [TableCheck(**only(TableCheck, t)) for t in item.get("tables", [])]
+            rounds.append(Verification(**{**only(Verification, item), "tables": tables}))
+        runs = [RunRecord(**only(RunRecord, r)) for r in data.get("runs", [])]
+        return cls(**{**only(cls, data), "runs": runs, "rounds": rounds})
 
     @property
     def verdict(self) -> str:

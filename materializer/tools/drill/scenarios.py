@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -37,9 +38,30 @@ class Drill:
     def __init__(self, options: DrillOptions, collector: Collector | None = None) -> None:
         self.options = options
         self.collector = collector or Collector()
+        previous = _resumable(options) if options.resume is not None else None
+        if previous is not None:
+            # The plan is the seed's and the options': the earlier sitting's, not this command line's.
+            options = replace(
+                options, config=Path(previous.config), seed=previous.seed, workdir=Path(previous.workdir),
+                kills=int(previous.kill_plan.get("kills", options.kills)),
+                points=previous.kill_plan.get("points", options.points),
+            )
+            self.options = options
         self.source_config = load_config(options.config)
         self.rng = random.Random(options.seed)
-        if options.workdir is None:
+        if previous is not None:
+            assert options.workdir is not None
+            self.workdir = options.workdir.absolute()
+            self._temp = False
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            last = max((v.round for v in previous.rounds), default=0)
+            later = sorted(d.name for d in self.workdir.glob("round-*") if d.name > f"round-{last:03d}")
+            if later:
+                raise DrillError(
+                    f"cannot resume the drill of {previous.started_at} in {self.workdir}: it ended with round {last}, "
+                    f"but {', '.join(later)} is there too (another sitting that wrote no report?). Move it away first."
+                )
+        elif options.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="materializer-drill-"))
             self._temp = True
         else:
@@ -51,18 +73,23 @@ class Drill:
                     "Give an empty or new folder."
                 )
             self.workdir.mkdir(parents=True, exist_ok=True)
-        self.report = DrillReport(
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.report = previous or DrillReport(
             scenario=options.scenario,
             config=str(options.config),
             workdir=str(self.workdir),
             seed=options.seed,
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            started_at=now,
         )
-        self.round_no = 0
+        self.report.stopped_early = False
+        self.report.sittings.append({"started_at": now, "version": _version()})
+        self._earlier_seconds = self.report.seconds
+        self._earlier_kills = sum(self.report.kills().values())
+        self.round_no = max((v.round for v in self.report.rounds), default=0)
         self.config_path = Path()
         self.config = self.source_config
         self._spark: "SparkSession | None" = None
-        self._index = 0
+        self._index = max((r.index for r in self.report.runs), default=0)
         self._runs_in_round = 0
         self.last_phase: RunPhase | None = None
         """The event times of the last run (for fitting random kills to the pipeline's size)."""
@@ -76,6 +103,18 @@ class Drill:
         # A pipeline with templates: the bindings they make from what the sources hold now.
         self.known_config = known_bindings(self.source_config)
         self.sizes = epoch_sizes(self.known_config, options)
+        if previous is not None and list(self.sizes.notes) != previous.epoch_sizes:
+            raise DrillError(
+                f"cannot resume the drill of {previous.started_at}: its sources changed since "
+                f"(then: {'; '.join(previous.epoch_sizes)}; now: {'; '.join(self.sizes.notes)}), so the rest "
+                "of its plan is not the plan it began. Start a new drill."
+            )
+        if previous is not None and self._plan_size() != previous.planned_kills:
+            raise DrillError(
+                f"cannot resume the drill of {previous.started_at}: it planned {previous.planned_kills} kills, "
+                f"these options plan {self._plan_size()}. Give the --kills and --points of the drill that wrote "
+                f"{options.resume}."
+            )
         self.report.epoch_sizes = list(self.sizes.notes)
         self.report.scratch = scratch_notes(self.source_config)
 
@@ -192,9 +231,10 @@ class Drill:
         requested = {p.split(":")[0] for p in points}
         # The points not asked for are not reported; a window the pipeline cannot have always is
         # (it is no point: filtered with them, a one-binding pipeline's report said "never hit").
-        self.report.unreachable = {
+        # (Updated, not replaced: a resumed drill keeps what its earlier sitting found.)
+        self.report.unreachable.update({
             p: why for p, why in unreachable_points(self.known_config).items() if p in requested or p in WINDOWS
-        }
+        })
         plans = [Plan("point", point=p) for p in points if p.split(":")[0] not in self.report.unreachable]
         for _ in range(self.options.kills):
             roll = self.rng.random()
@@ -274,12 +314,14 @@ class Drill:
         self.new_round()
         plans = self.plans()
         self.report.planned_kills = len(plans)
-        for plan in plans:
+        self.report.kill_plan = {"kills": self.options.kills, "points": self.options.points}
+        for plan in plans[self.report.plans_done :]:
             if self.stop_requested:
                 self.report.stopped_early = True
                 break
             if not self.kill_once(plan):
                 return
+            self.report.plans_done += 1
             tick()
         self.drain()
         self.verify_round()
@@ -418,10 +460,14 @@ class Drill:
             self.release_sessions()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-            self.report.seconds = round(time.monotonic() - started, 1)
+            seconds = time.monotonic() - started
+            self.report.seconds = round(self._earlier_seconds + seconds, 1)
+            self.report.sittings[-1].update(
+                seconds=round(seconds, 1), kills=sum(self.report.kills().values()) - self._earlier_kills
+            )
             if self._spark is not None:
                 self._spark.stop()
-        path = self.options.report or (self.workdir / "drill-report.json")
+        path = self.options.report or self.options.resume or (self.workdir / "drill-report.json")
         self.report.report_path = str(path)
         if self._temp and not self.options.keep and self.report.verdict == "pass":
             # A passing drill in a temp folder leaves only its report; a failing one keeps
@@ -431,15 +477,54 @@ class Drill:
         path.write_text(json.dumps(self.report.to_json(), indent=2, default=str))
         return self.report
 
+    def _plan_size(self) -> int:
+        """The kills :meth:`plans` plans: the reachable failure points, then ``--kills``."""
+        points = self.options.points if self.options.points is not None else list(crash.POINTS)
+        return len([p for p in points if p.split(":")[0] not in unreachable_points(self.known_config)]) + self.options.kills
+
     def planned(self) -> int:
         """Steps the progress bar counts."""
         if self.options.scenario == "kills":
-            points = self.options.points if self.options.points is not None else list(crash.POINTS)
-            reachable = [p for p in points if p.split(":")[0] not in unreachable_points(self.known_config)]
-            return len(reachable) + self.options.kills + 1
+            return self._plan_size() + 1 - self.report.plans_done
         if self.options.scenario == "zombie":
             return 3
         return len(self.options.damages or DAMAGES) + 1
+
+
+def _resumable(options: DrillOptions) -> DrillReport:
+    """The report ``--resume`` names, if it is a ``kills`` drill with kills left to make."""
+    assert options.resume is not None
+    try:
+        report = DrillReport.from_json(json.loads(Path(options.resume).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise DrillError(f"--resume {options.resume}: not a drill report this version can read ({exc})") from None
+    if report.scenario != "kills":
+        raise DrillError(f"--resume {options.resume}: a {report.scenario!r} drill; only a 'kills' drill can be resumed")
+    if not report.stopped_early:
+        raise DrillError(f"--resume {options.resume}: that drill was not stopped early; it made all the kills it planned")
+    if report.verdict == "FAIL":
+        raise DrillError(f"--resume {options.resume}: that drill failed; its rounds are kept for the post-mortem, not resumed")
+    if not report.sittings:
+        # (a report of before sittings were kept: its one sitting, from what it says)
+        report.sittings.append(
+            {"started_at": report.started_at, "seconds": report.seconds, "kills": sum(report.kills().values()), "version": "unknown"}
+        )
+    if not report.plans_done:
+        # A report written before the count was kept: each plan it carried out landed a kill,
+        # was missed, or found its point unreachable (and is named there).
+        report.plans_done = sum(report.kills().values()) + len(report.missed) + len(
+            [p for p in report.unreachable if p.startswith(("point ", "random kill "))]
+        )
+    return report
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("delta-materializer")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
