@@ -28,6 +28,7 @@ table records against the recovery log's, no orphaned staged file, and a log tha
 The package, one job a module (each imports only those listed after it):
 
 * :mod:`~materializer.tools.drill.scenarios`: the :class:`Drill`: rounds, and the three scenarios;
+* :mod:`~materializer.tools.drill.resume`: a drill stopped early, read back from its report to go on;
 * :mod:`~materializer.tools.drill.report`: the drill's events and its report, with the verdict;
 * :mod:`~materializer.tools.drill.kill`: one run of the real CLI, followed by its events and killed;
 * :mod:`~materializer.tools.drill.verification`: a round checked against the oracle, with delta-rs or Spark;

@@ -12,7 +12,6 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,6 +27,7 @@ from materializer.tools.drill.plan import (
     WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, known_bindings, scratch_config, scratch_notes, unreachable_points,
 )
 from materializer.tools.drill.report import Damaged, DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
+from materializer.tools.drill.resume import resumable, resumed_options, resumed_workdir, version
 from materializer.tools.drill.verification import Verification, verify
 
 if TYPE_CHECKING:
@@ -38,29 +38,14 @@ class Drill:
     def __init__(self, options: DrillOptions, collector: Collector | None = None) -> None:
         self.options = options
         self.collector = collector or Collector()
-        previous = _resumable(options) if options.resume is not None else None
+        previous = resumable(options) if options.resume is not None else None
         if previous is not None:
-            # The plan is the seed's and the options': the earlier sitting's, not this command line's.
-            options = replace(
-                options, config=Path(previous.config), seed=previous.seed, workdir=Path(previous.workdir),
-                kills=int(previous.kill_plan.get("kills", options.kills)),
-                points=previous.kill_plan.get("points", options.points),
-            )
-            self.options = options
+            options = self.options = resumed_options(previous, options)
         self.source_config = load_config(options.config)
         self.rng = random.Random(options.seed)
         if previous is not None:
-            assert options.workdir is not None
-            self.workdir = options.workdir.absolute()
+            self.workdir = resumed_workdir(previous)
             self._temp = False
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            last = max((v.round for v in previous.rounds), default=0)
-            later = sorted(d.name for d in self.workdir.glob("round-*") if d.name > f"round-{last:03d}")
-            if later:
-                raise DrillError(
-                    f"cannot resume the drill of {previous.started_at} in {self.workdir}: it ended with round {last}, "
-                    f"but {', '.join(later)} is there too (another sitting that wrote no report?). Move it away first."
-                )
         elif options.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="materializer-drill-"))
             self._temp = True
@@ -82,7 +67,7 @@ class Drill:
             started_at=now,
         )
         self.report.stopped_early = False
-        self.report.sittings.append({"started_at": now, "version": _version()})
+        self.report.sittings.append({"started_at": now, "version": version()})
         self._earlier_seconds = self.report.seconds
         self._earlier_kills = sum(self.report.kills().values())
         self.round_no = max((v.round for v in self.report.rounds), default=0)
@@ -489,42 +474,6 @@ class Drill:
         if self.options.scenario == "zombie":
             return 3
         return len(self.options.damages or DAMAGES) + 1
-
-
-def _resumable(options: DrillOptions) -> DrillReport:
-    """The report ``--resume`` names, if it is a ``kills`` drill with kills left to make."""
-    assert options.resume is not None
-    try:
-        report = DrillReport.from_json(json.loads(Path(options.resume).read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise DrillError(f"--resume {options.resume}: not a drill report this version can read ({exc})") from None
-    if report.scenario != "kills":
-        raise DrillError(f"--resume {options.resume}: a {report.scenario!r} drill; only a 'kills' drill can be resumed")
-    if not report.stopped_early:
-        raise DrillError(f"--resume {options.resume}: that drill was not stopped early; it made all the kills it planned")
-    if report.verdict == "FAIL":
-        raise DrillError(f"--resume {options.resume}: that drill failed; its rounds are kept for the post-mortem, not resumed")
-    if not report.sittings:
-        # (a report of before sittings were kept: its one sitting, from what it says)
-        report.sittings.append(
-            {"started_at": report.started_at, "seconds": report.seconds, "kills": sum(report.kills().values()), "version": "unknown"}
-        )
-    if not report.plans_done:
-        # A report written before the count was kept: each plan it carried out landed a kill,
-        # was missed, or found its point unreachable (and is named there).
-        report.plans_done = sum(report.kills().values()) + len(report.missed) + len(
-            [p for p in report.unreachable if p.startswith(("point ", "random kill "))]
-        )
-    return report
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("delta-materializer")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
