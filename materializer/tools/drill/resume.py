@@ -38,15 +38,6 @@ def resumable(options: DrillOptions) -> DrillReport:
     return report
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("delta-materializer")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def resumed_options(previous: DrillReport, options: DrillOptions) -> DrillOptions:
     """The plan is the seed's and the options': the earlier sitting's, not this command line's."""
     return replace(

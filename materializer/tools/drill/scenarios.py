@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from materializer import crash
+from materializer import __version__, crash
 from materializer.config import load_config, parse_config
 from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
@@ -27,7 +27,7 @@ from materializer.tools.drill.plan import (
     WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, known_bindings, scratch_config, scratch_notes, unreachable_points,
 )
 from materializer.tools.drill.report import Damaged, DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
-from materializer.tools.drill.resume import resumable, resumed_options, resumed_workdir, version
+from materializer.tools.drill.resume import resumable, resumed_options, resumed_workdir
 from materializer.tools.drill.verification import Verification, verify
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Drill:
             started_at=now,
         )
         self.report.stopped_early = False
-        self.report.sittings.append({"started_at": now, "version": version()})
+        self.report.sittings.append({"started_at": now, "version": __version__})
         self._earlier_seconds = self.report.seconds
         self._earlier_kills = sum(self.report.kills().values())
         self.round_no = max((v.round for v in self.report.rounds), default=0)
