@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,10 @@ def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) ->
     # another creator's commit before it creates over them (120 s by default). The drill's scratch
     # tables have no other creator: a short wait still takes that path without sitting it out.
     env.setdefault(CREATION_WAIT_ENV, "3")
+    # Spark's scratch folders of every process of the drill: the SIGKILLed runs' must not stay behind.
+    scratch = tmp_path / "spark-scratch"
+    scratch.mkdir()
+    env["SPARK_LOCAL_DIRS"] = str(scratch)
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -302,6 +307,11 @@ def _drill(tmp_path: Path, cfg_path: Path, *args: str, timeout: float = 3600) ->
         pytest.fail(f"drill did not finish in {timeout:.0f}s:\n{stdout}\n{stderr[-3000:]}")
     result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     assert report.exists(), result.stdout + result.stderr
+    # (the drill's own JVM, if it started one, removes its folder as it exits, a moment after the drill)
+    deadline = time.monotonic() + 60
+    while any(scratch.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(p.name for p in scratch.iterdir()) == [], "a run's Spark scratch folder was left behind"
     return result, json.loads(report.read_text())
 
 
