@@ -17,7 +17,8 @@ import pytest
 from materializer.bounds import bounds_condition
 from materializer.merge import merge_sql
 from materializer.runtime import Runtime
-from tests.helpers import binding, table_rows, write_jsonl
+from materializer.merge.writer import MERGE_DELETION_VECTORS
+from tests.helpers import binding, delta_rs_rows, table_rows, write_jsonl
 from tests.test_holes import config_with
 
 pytestmark = pytest.mark.spark
@@ -83,14 +84,47 @@ def test_a_merge_skips_the_files_outside_the_epochs_keys(spark: Any, tmp_path: P
 
 @pytest.mark.slow
 def test_a_merge_into_a_created_table_marks_rows_with_deletion_vectors_instead_of_copying_files(spark: Any, tmp_path: Path) -> None:
+    """A table of at least ``transaction.copy_on_write_below_bytes`` (0 here: every table)."""
     table = tmp_path / "tables" / "items"
+    _two_epochs(tmp_path)
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"copy_on_write_below_bytes": 0})
+    Runtime(config, spark).run()
+    metrics = _last_merge(spark, table)
+    assert metrics["numTargetRowsCopied"] == "0" and int(metrics["numTargetDeletionVectorsAdded"]) >= 1
+    _assert_second_epoch(spark, table)
+
+
+def test_a_merge_into_a_small_table_rewrites_the_files_it_touches_and_leaves_the_session_as_it_was(spark: Any, tmp_path: Path) -> None:
+    """Below ``transaction.copy_on_write_below_bytes`` (16 MiB by default) a MERGE rewrites the
+    touched files: no deletion vector is written, the rows are the same, and the apply session's
+    conf is back to what it was (set, it is restored; unset, it stays unset)."""
+    table = tmp_path / "tables" / "items"
+    _two_epochs(tmp_path)
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table)])
+    assert config.transaction.copy_on_write_below_bytes == 16 * 1024 * 1024
+    runtime = Runtime(config, spark)
+    runtime.run()
+    metrics = _last_merge(spark, table)
+    assert metrics["numTargetDeletionVectorsAdded"] == "0" and int(metrics["numTargetRowsCopied"]) == 48  # the file's other rows
+    assert int(metrics["numTargetFilesRemoved"]) >= 1
+    _assert_second_epoch(spark, table)
+    assert not list(table.glob("deletion_vector_*.bin"))
+    assert spark.conf.get(MERGE_DELETION_VECTORS, None) is None
+
+
+def _two_epochs(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": i, "v": i} for i in range(50)])
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 3, "v": -3}, {"_meta": {"op": "d"}, "id": 4}, {"id": 99, "v": 99}])
-    config = config_with(tmp_path, [binding("items", tmp_path / "src", table)])
-    Runtime(config, spark).run()
+
+
+def _last_merge(spark: Any, table: Path) -> dict[str, str]:
     merge = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()[0]
     assert merge["operation"] == "MERGE"
-    metrics = merge["operationMetrics"]
-    assert metrics["numTargetRowsCopied"] == "0" and int(metrics["numTargetDeletionVectorsAdded"]) >= 1
+    return dict(merge["operationMetrics"])
+
+
+def _assert_second_epoch(spark: Any, table: Path) -> None:
+    expected = {i: i for i in range(50) if i not in (3, 4)} | {3: -3, 99: 99}
     rows = table_rows(spark, table, ["id"])
-    assert len(rows) == 50 and rows[(3,)]["v"] == -3 and (4,) not in rows and (99,) in rows
+    assert {k[0]: r["v"] for k, r in rows.items()} == expected
+    assert {k[0]: r["v"] for k, r in delta_rs_rows(table, ["id"]).items()} == expected  # delta-rs applies deletion vectors too

@@ -242,7 +242,11 @@ def _delta_rs_rows(table: Path) -> list[dict[str, Any]]:
     return delta_rs_list(table)
 
 
-def _run_example(spark: Any, root: Path, extra: dict[str, Any], epochs: list[list[dict[str, Any]]]) -> tuple[Any, Path]:
+def _run_example(
+    spark: Any, root: Path, extra: dict[str, Any], epochs: list[list[dict[str, Any]]], *, deletion_vectors: bool = False
+) -> tuple[Any, Path]:
+    """``deletion_vectors``: the MERGEs write deletion vectors (as into a big table) instead of
+    rewriting the files they touch (what they do into a table this small by default)."""
     from materializer.config import load_config
     from materializer.runtime import Runtime
     from tests.helpers import binding, write_config
@@ -251,7 +255,10 @@ def _run_example(spark: Any, root: Path, extra: dict[str, Any], epochs: list[lis
     src.mkdir(parents=True)
     for i, docs in enumerate(epochs, start=1):
         (src / f"epoch-{i:03d}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    config = load_config(write_config(root, [binding("b", src, table, max_files=1, **extra)], pipeline_id=f"model-{uuid.uuid4().hex[:8]}"))
+    transaction = {"max_documents": 1000, **({"copy_on_write_below_bytes": 0} if deletion_vectors else {})}
+    config = load_config(write_config(
+        root, [binding("b", src, table, max_files=1, **extra)], pipeline_id=f"model-{uuid.uuid4().hex[:8]}", transaction=transaction
+    ))
     Runtime(config, spark).run()
     return config.bindings[0], table
 
@@ -282,9 +289,11 @@ def _property(spark: Any, tmp_path: Path, examples: int, keys: int) -> None:
         binding = _binding_options(extra)
         assume(binding is not None)
         epochs = data.draw(seeded_histories(keys, data.draw(st.integers(1, 3), label="epochs")), label="histories")
+        # The same table whichever way a MERGE marks replaced rows (docs: copy_on_write_below_bytes).
+        deletion_vectors = data.draw(st.booleans(), label="deletion vectors")
         root = tmp_path / uuid.uuid4().hex[:8]
         try:
-            binding, table = _run_example(spark, root, extra, epochs)
+            binding, table = _run_example(spark, root, extra, epochs, deletion_vectors=deletion_vectors)
             _assert_equals_model(spark, binding, table, epochs)
         except AssertionError:
             _keep(extra, epochs)

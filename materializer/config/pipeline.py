@@ -31,6 +31,13 @@ class TransactionConfig(Model):
     CPU, so raise it where the cluster has cores to spare. Every table still gets its epoch once: the epoch is acknowledged only when every
     binding's table is applied, and a failure in one binding stops the epoch, naming it, after the
     others in flight have finished (docs: 'Many bindings')."""
+    copy_on_write_below_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    """A MERGE into a table whose data files hold fewer bytes than this rewrites the files it
+    touches instead of writing deletion vectors (Delta's default when the table has them on): on
+    small tables the deletion vectors' extra Spark jobs cost more than the rewrite (measured in
+    docs: 'Small epochs'). Same rows either way. ``0`` always writes deletion vectors. Needs the
+    table's size before the MERGE, read from its Delta log by delta-rs: where that is not possible
+    (a catalog table, a Spark Connect server's own path), Delta's default applies."""
 
 
 class SparkConfig(Model):

@@ -23,6 +23,8 @@ class TableState:
     """Latest Delta version (None: no table)."""
     txn_version: int | None
     """The epoch Delta's transaction identifiers record for the pipeline (None: none)."""
+    size_bytes: int | None = None
+    """The bytes of the table's data files at ``version`` (None: not read, where Spark answered)."""
 
 
 def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_only: bool = False) -> TableState:
@@ -87,10 +89,22 @@ def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str
         # Opened directly, not after is_deltatable(): one log listing instead of two (and that
         # call's listing hangs against some S3-compatible servers, moto's among them).
         dt = RustDeltaTable(uri, storage_options=options)
-        return TableState(True, int(dt.version()), dt.transaction_version(app_id))
+        return TableState(True, int(dt.version()), dt.transaction_version(app_id), _data_bytes(dt))
     except TableNotFoundError:
         return TableState(False, None, None)
     except Exception:  # noqa: BLE001 - delta-rs cannot read it (a feature, a store): Spark can
+        return None
+
+
+def _data_bytes(dt: Any) -> int | None:
+    """The bytes of an open delta-rs table's data files (its add actions, already in memory)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        sizes = pa.table(dt.get_add_actions(flatten=False)).column("size_bytes")
+        return int(pc.sum(sizes).as_py() or 0)
+    except Exception:  # noqa: BLE001 - no pyarrow, another delta-rs: the size is only a hint
         return None
 
 

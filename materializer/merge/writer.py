@@ -39,6 +39,9 @@ MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 """Delta copies a MERGE's source to disk first unless it is a Delta table ('auto'), in case the
 source changes between the MERGE's two passes. A staged file never changes (it is written once
 under a unique name and deleted only after the apply), so the copy is pure cost: 'none'."""
+MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+"""Whether a MERGE into a table with deletion vectors on writes them (Delta's default, ``true``) or
+rewrites the files it touches (``false``): set per apply by ``transaction.copy_on_write_below_bytes``."""
 CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 CREATION_WAIT_ENV = "MATERIALIZER_CREATION_WAIT_SECONDS"
@@ -105,7 +108,10 @@ class DeltaWriter(TableWrites):
             with self.collector.span("read_staged", epoch, binding.name):
                 source = None if staged is None else self.staging_area.read(self.apply_spark, binding, epoch, staged, state.exists)
             try:
-                with self.transaction(props), crash.crash_during_spark_job(
+                # A small table's MERGE rewrites the files it touches: cheaper there than
+                # deletion vectors' extra jobs (transaction.copy_on_write_below_bytes).
+                rewrite = state.size_bytes is not None and state.size_bytes < self.config.transaction.copy_on_write_below_bytes
+                with self.transaction(props, rewrite_files=rewrite), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self.apply_tag, watch=table.location if table.is_path else None
                 ), self.collector.span("merge", epoch, binding.name):
                     metrics = self.write(
@@ -198,15 +204,18 @@ class DeltaWriter(TableWrites):
             )
 
     @contextmanager
-    def transaction(self, props: CommitProperties) -> Iterator[None]:
-        """Within the block, the apply session's Delta commits carry ``props``."""
+    def transaction(self, props: CommitProperties, *, rewrite_files: bool = False) -> Iterator[None]:
+        """Within the block, the apply session's Delta commits carry ``props``; with
+        ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
         conf.set(TXN_APP_ID, props.txn_app_id)
         conf.set(TXN_VERSION, str(props.txn_version))
         conf.set(USER_METADATA, props.user_metadata)
-        materialize = conf.get(MATERIALIZE_SOURCE, None)
-        conf.set(MATERIALIZE_SOURCE, "none")
+        overrides = {MATERIALIZE_SOURCE: "none", **({MERGE_DELETION_VECTORS: "false"} if rewrite_files else {})}
+        saved = {key: conf.get(key, None) for key in overrides}
+        for key, value in overrides.items():
+            conf.set(key, value)
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
@@ -215,10 +224,11 @@ class DeltaWriter(TableWrites):
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
                 conf.unset(key)
-            if materialize is None:
-                conf.unset(MATERIALIZE_SOURCE)
-            else:
-                conf.set(MATERIALIZE_SOURCE, materialize)
+            for key, value in saved.items():
+                if value is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, value)
             self.apply_spark.removeTag(self.apply_tag)
 
     def truncate(self, binding: BindingConfig, epoch: int) -> None:
