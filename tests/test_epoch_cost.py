@@ -128,3 +128,14 @@ def _assert_second_epoch(spark: Any, table: Path) -> None:
     rows = table_rows(spark, table, ["id"])
     assert {k[0]: r["v"] for k, r in rows.items()} == expected
     assert {k[0]: r["v"] for k, r in delta_rs_rows(table, ["id"]).items()} == expected  # delta-rs applies deletion vectors too
+
+
+@pytest.mark.slow
+def test_merge_profile_measures_both_ways_on_tables_that_end_equal(spark: Any, capsys: Any) -> None:
+    from materializer.tools import merge_profile
+
+    merge_profile.main(["--rows", "40", "--merges", "2", "--warmup", "0"])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(line[0], " ".join(line[2:-2])) for line in lines] == [("40", "deletion vectors"), ("40", "files rewritten")]
+    assert all(float(line[-2]) > 0 and float(line[-1]) > 0 for line in lines)
+    assert spark.conf.get(MERGE_DELETION_VECTORS, None) is None
