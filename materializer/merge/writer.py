@@ -212,10 +212,14 @@ class DeltaWriter(TableWrites):
         conf.set(TXN_APP_ID, props.txn_app_id)
         conf.set(TXN_VERSION, str(props.txn_version))
         conf.set(USER_METADATA, props.user_metadata)
-        overrides = {MATERIALIZE_SOURCE: "none", **({MERGE_DELETION_VECTORS: "false"} if rewrite_files else {})}
-        saved = {key: conf.get(key, None) for key in overrides}
-        for key, value in overrides.items():
-            conf.set(key, value)
+        saved = {MATERIALIZE_SOURCE: conf.get(MATERIALIZE_SOURCE, None)}
+        conf.set(MATERIALIZE_SOURCE, "none")
+        if rewrite_files:
+            try:
+                saved[MERGE_DELETION_VECTORS] = conf.get(MERGE_DELETION_VECTORS, None)
+                conf.set(MERGE_DELETION_VECTORS, "false")
+            except Exception:  # noqa: BLE001 - a compute that refuses the conf: Delta's default, same rows
+                saved.pop(MERGE_DELETION_VECTORS, None)
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
