@@ -5,14 +5,13 @@ files rewritten (``transaction.copy_on_write_below_bytes``, docs/performance.md 
 
 For each N: two one-file tables with deletion vectors on, then one-row update MERGEs alternated
 between them, one writing deletion vectors and one rewriting the file it touches (Delta's
-``merge.deletionVectors.persistent``); JVM CPU seconds (the driver's, which runs the local tasks too)
+``merge.deletionVectors.persistent``); CPU seconds of the local JVM (which runs the tasks too) and its children
 and wall seconds per MERGE, medians after the warm-up pairs. Both tables must end with the same rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -34,13 +33,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from materializer.spark import build_session
 
+    from materializer.tools.bench.measurement import cpu_seconds
+
     spark = build_session(args.master, {"spark.ui.enabled": "false"}, app_name="merge-profile")
-    jvm_stat = f"/proc/{int(spark.sparkContext._jvm.ProcessHandle.current().pid())}/stat"
-    ticks = os.sysconf("SC_CLK_TCK")
 
     def jvm_cpu() -> float:
-        fields = Path(jvm_stat).read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks
+        _python, jvm, workers = cpu_seconds()  # the local JVM (it runs the tasks too) and its children
+        return jvm + workers
 
     root = Path(tempfile.mkdtemp(prefix="merge-profile-"))
     spark.conf.set(MATERIALIZE_SOURCE, "none")  # as the materializer's applies run
