@@ -24,10 +24,10 @@ class TableState:
     txn_version: int | None
     """The epoch Delta's transaction identifiers record for the pipeline (None: none)."""
     size_bytes: int | None = None
-    """The bytes of the table's data files at ``version`` (None: not read, where Spark answered)."""
+    """The bytes of the table's data files at ``version`` (None: not asked for, or Spark answered)."""
 
 
-def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_only: bool = False) -> TableState:
+def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_only: bool = False, with_size: bool = False) -> TableState:
     """The table's latest version and the txnVersion recorded for ``app_id`` at that version.
 
     Reads only the Delta log (no data files). A path table is read by delta-rs first
@@ -35,10 +35,11 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_on
     can be trusted: an S3 table (the same store the Spark cluster writes), or a local path on a
     classic session (the JVM is on this machine). Otherwise, or where delta-rs cannot answer, Spark
     reads the log with DataFrame and SQL calls (Spark Connect clean, 0.6-1.3 s). Both read the same
-    SetTransaction actions; ``spark_only`` skips delta-rs (tests compare the two).
+    SetTransaction actions; ``spark_only`` skips delta-rs (tests compare the two). ``with_size``:
+    delta-rs also sums the data files' sizes (:attr:`TableState.size_bytes`; the apply's choice).
     """
     if table.is_path and not spark_only and table.location not in DELTA_RS_CANNOT and delta_rs_sees(spark, table):
-        fast = read_txn_without_spark(table, app_id)
+        fast = read_txn_without_spark(table, app_id, with_size=with_size)
         if fast is None:
             # Not again for this table in this process (a store or feature delta-rs cannot read
             # may cost a timeout each time): Spark answers from now on.
@@ -61,7 +62,9 @@ def table_state(spark: "SparkSession", table: TableRef, app_id: str, *, spark_on
     return TableState(True, version, txn_version(spark, table, app_id, version=version, location=location))
 
 
-def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str] | None" = None) -> TableState | None:
+def read_txn_without_spark(
+    table: TableRef, app_id: str, environ: "dict[str, str] | None" = None, *, with_size: bool = False
+) -> TableState | None:
     """The table's version and the txnVersion it records for ``app_id``, read by delta-rs (no JVM).
 
     Reads the same Delta log actions (``txn`` / SetTransaction) Spark's snapshot does, in
@@ -89,7 +92,7 @@ def read_txn_without_spark(table: TableRef, app_id: str, environ: "dict[str, str
         # Opened directly, not after is_deltatable(): one log listing instead of two (and that
         # call's listing hangs against some S3-compatible servers, moto's among them).
         dt = RustDeltaTable(uri, storage_options=options)
-        return TableState(True, int(dt.version()), dt.transaction_version(app_id), _data_bytes(dt))
+        return TableState(True, int(dt.version()), dt.transaction_version(app_id), _data_bytes(dt) if with_size else None)
     except TableNotFoundError:
         return TableState(False, None, None)
     except Exception:  # noqa: BLE001 - delta-rs cannot read it (a feature, a store): Spark can

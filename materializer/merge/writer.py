@@ -97,7 +97,7 @@ class DeltaWriter(TableWrites):
         replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
         for _attempt in range(props.max_retries):
             with self.collector.span("table_state", epoch, binding.name):
-                state = table_state(self.apply_spark, table, props.txn_app_id)
+                state = table_state(self.apply_spark, table, props.txn_app_id, with_size=True)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
                 self._keep_view(binding, epoch, changed=False)
