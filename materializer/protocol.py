@@ -206,8 +206,9 @@ class Driver(ABC):
         """Drop what :meth:`prestage` staged for a transaction that will not be committed."""
 
     def keep_alive(self) -> None:  # noqa: B027 - optional
-        """While a following run waits for input: keep what the driver holds open (a Spark Connect
-        server closes a session that has made no call for its timeout, an hour by default)."""
+        """Keep what the driver holds open (a Spark Connect server closes a session that has made
+        no call for its timeout, an hour by default). Called on a clock from a thread of the
+        runtime's own, while the run works and while a following run waits for input."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; nothing durable depends on it (a crash skips it)."""

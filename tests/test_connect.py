@@ -304,9 +304,7 @@ def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_sp
 
 
 SHORT_TIMEOUT_SECONDS = 15
-"""The session timeout of the server of the test below (Spark's default: an hour). Not
-shorter: the run's apply session makes no call while epoch 1 is staged, and at 6 s a loaded machine
-(two pytest-xdist workers) let the server close it before its first apply."""
+"""The session timeout of the server of the test below (Spark's default: an hour)."""
 
 
 @pytest.fixture(scope="module")
@@ -342,16 +340,17 @@ def _own_session(url: str) -> Iterator[Any]:
 
 
 @pytest.mark.slow
-def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
+def test_a_run_keeps_its_connect_sessions_open_while_it_stages_and_waits(
     short_timeout_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``run --follow`` over Spark Connect with nothing to read makes no Spark call of its own, so
-    a server would close its sessions after its timeout (an hour by default; 15 s here) and the
-    next epoch would fail with SESSION_CLOSED. The runtime touches them while it waits
-    (KEEP_ALIVE_SECONDS, 3 s here): after 25 s of waiting, both the run's session
-    and the apply session still answer, and a new file lands.
+    """A Spark Connect server closes a session that makes no call for its timeout (an hour by
+    default; 15 s here), and the next call fails with SESSION_CLOSED. A run leaves sessions idle
+    that long in two places: its apply session while a long epoch is staged (18 s here), and every
+    session while ``run --follow`` waits with nothing to read (20 s more here). The runtime touches
+    them on a clock (KEEP_ALIVE_SECONDS, 3 s here): the first epoch applies, after the wait both the
+    run's session and the apply session still answer, and a new file lands.
 
-    Beside it, over the same 25 s, what would happen otherwise (and what the test server's
+    Beside it, over the same 38 s, what would happen otherwise (and what the test server's
     setting above prevents): a session that makes no call for longer than the timeout is closed
     by the server, and its next call fails with SESSION_CLOSED, as the txn-version tests' calls did."""
     import time
@@ -368,13 +367,21 @@ def test_a_following_run_keeps_its_connect_sessions_open_while_it_waits(
         write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
         config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000, "poll_interval_seconds": 0.5})
         rt = Runtime(config, session)
+        stage = rt.stager.stage
+
+        def slow_stage(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(SHORT_TIMEOUT_SECONDS + 3)  # the apply session makes no call meanwhile
+            return stage(*args, **kwargs)
+
+        monkeypatch.setattr(rt.stager, "stage", slow_stage)
         began = time.monotonic()
-        rt.run(follow=True, should_stop=lambda: time.monotonic() - began > SHORT_TIMEOUT_SECONDS + 10)
+        summary = rt.run(follow=True, should_stop=lambda: time.monotonic() - began > 2 * SHORT_TIMEOUT_SECONDS + 8)
+        assert [e.epoch for e in summary.epochs if e.acknowledged is not None] == [1]
         assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
         assert rt.driver.apply_spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # type: ignore[attr-defined]
         write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "v": 2}])
         Runtime(config, session).run()
         assert sorted(key[0] for key in table_rows(session, table, ["id"])) == [1, 2]
-        assert time.monotonic() - began > SHORT_TIMEOUT_SECONDS + 5
+        assert time.monotonic() - began > 2 * SHORT_TIMEOUT_SECONDS + 5
         with pytest.raises(Exception, match="SESSION_CLOSED"):
             idle.sql("SELECT 1 AS one").collect()

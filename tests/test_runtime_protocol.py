@@ -10,7 +10,8 @@ a temporary folder. Every step is recorded in one journal, in the order it happe
   its Acknowledged (read-committed loads; the log at most one epoch ahead of the tables);
 * not pipelined: the Acknowledge of N ends before the read of N+1;
 * the first Acknowledge after Open re-applies the last committed epoch before anything is staged;
-* an apply's failure is reported after its entry is committed, and nothing after it is committed.
+* an apply's failure is reported after its entry is committed, and nothing after it is committed;
+* the driver's keep-alive runs on a clock, during a long step too, and stops before the driver closes.
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ class FakeDriver(Driver):
     def load(self, message: Load) -> None:
         self.journal.add("load", self.epoch + 1)
 
+    def keep_alive(self) -> None:
+        self.journal.add("keep alive")
+        raise RuntimeError("a failed touch is not the run's error")
+
+    def close(self) -> None:
+        self.journal.add("close")
+
     def flush(self, message: Flush) -> Flushed:
         self.journal.add("flush")
         return Flushed()
@@ -204,3 +212,33 @@ def test_a_failed_apply_is_reported_after_its_entry_is_committed_and_nothing_fol
     assert runtime.log.read().last_epoch == 2
     # Recorded for `status`: which epoch and binding are stuck, and why.
     assert "Delta refused" in runtime.log.failures()[(2, "items")]
+
+
+def test_the_keep_alive_runs_on_a_clock_during_a_long_step_and_stops_before_the_driver_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Connect server closes sessions idle for its timeout, and the apply session is idle while
+    an epoch is staged however long that takes: the keep-alive is a clock, not a step of the loop."""
+    import time
+
+    from materializer.runtime import loop
+
+    monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 0.05)
+    runtime, journal, driver = _runtime(tmp_path, monkeypatch, pipelined=False)
+    start_commit = driver.start_commit
+
+    def slow(message: StartCommit) -> StartedCommit:
+        journal.add("staging began", message.epoch)
+        time.sleep(0.5)
+        return start_commit(message)
+
+    monkeypatch.setattr(driver, "start_commit", slow)
+    summary = runtime.run(max_epochs=1)
+    assert summary.last_epoch == 1
+    steps = journal.steps
+    touches = [i for i, (step, _) in enumerate(steps) if step == "keep alive"]
+    # Several touches while epoch 1 was staged (each one failing, and the run went on).
+    assert sum(journal.at("staging began", 1) < i < journal.at("start_commit", 1) for i in touches) >= 3
+    assert max(touches) < journal.at("close", 0)
+    time.sleep(0.2)
+    assert [step for step, _ in journal.steps].count("keep alive") == len(touches)  # stopped for good

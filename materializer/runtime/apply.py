@@ -1,11 +1,16 @@
-"""The apply thread: Acknowledge of epoch N in the background while the runtime reads N+1."""
+"""The runtime's threads: Acknowledge of epoch N in the background while it reads N+1, and the
+keep-alive of the driver's Spark sessions."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from materializer.protocol import Acknowledged, DriverCheckpoint
+
+log = logging.getLogger(__name__)
 
 
 class BackgroundApply:
@@ -47,3 +52,35 @@ class BackgroundApply:
             except BaseException:  # noqa: BLE001 - the error already being raised wins
                 pass
         self._executor.shutdown(wait=True)
+
+
+class KeepAlive:
+    """A daemon thread that calls ``touch`` every ``seconds`` for as long as a run lasts.
+
+    A Spark Connect server closes a session that has made no call for its timeout (an hour by
+    default). A run's sessions are not all busy at once: the apply sessions are idle while a long
+    epoch is read and staged, and every session is idle while a following run waits for input.
+    Touching them on a clock, not between the loop's steps, keeps them open through both. A failed
+    touch is not an error of the run: the next real call says what is wrong."""
+
+    def __init__(self, touch: Callable[[], None], seconds: float) -> None:
+        self._touch = touch
+        self._seconds = seconds
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="materializer-keep-alive", daemon=True)
+
+    def start(self) -> "KeepAlive":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop touching (before the driver closes its sessions)."""
+        self._stopped.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._seconds):
+            try:
+                self._touch()
+            except Exception as exc:  # noqa: BLE001 - see the class's docstring
+                log.debug("keep-alive failed: %s", exc)

@@ -12,7 +12,7 @@ from materializer.errors import ApplyError, ConfigError, FencedError
 from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import Acknowledge, Acknowledged, Driver, DriverCheckpoint, Open, StartedCommit
 from materializer.recovery_log import LogEntry, RecoveryLog
-from materializer.runtime.apply import BackgroundApply
+from materializer.runtime.apply import BackgroundApply, KeepAlive
 from materializer.runtime.stager import EpochStager, advanced
 from materializer.runtime.summary import EpochSummary, RunSummary
 from materializer.sources import Source
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 
 KEEP_ALIVE_SECONDS = 300.0
-"""How often a following run with nothing to read touches its Spark sessions
-(:meth:`~materializer.protocol.Driver.keep_alive`): well inside a Spark Connect server's session
-timeout (an hour by default), at one config read per session."""
+"""How often a run touches its driver's Spark sessions, busy or not
+(:meth:`~materializer.protocol.Driver.keep_alive`, on a thread of its own): well inside a Spark
+Connect server's session timeout (an hour by default), at one config read per session."""
 
 
 class Runtime:
@@ -102,7 +102,7 @@ class Runtime:
         pending: DriverCheckpoint | None = driver_checkpoint
         current: EpochSummary | None = None
         applier = BackgroundApply(self._acknowledge, pipelined=self.config.transaction.pipelined)
-        touched = time.monotonic()  # when the driver's sessions last had work or a keep-alive
+        keep_alive = KeepAlive(self.driver.keep_alive, KEEP_ALIVE_SECONDS).start()
         try:
             while True:
                 # --- Acknowledge epoch N (on the first loop: the re-apply after Open) ---
@@ -131,12 +131,8 @@ class Runtime:
                 if not batches:
                     if not follow:
                         break
-                    if time.monotonic() - touched >= KEEP_ALIVE_SECONDS:
-                        self.driver.keep_alive()  # a Connect server closes sessions idle for an hour
-                        touched = time.monotonic()
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
-                touched = time.monotonic()
 
                 # --- Load* / Flush, Store*, StartCommit -> StartedCommit ---
                 staging_began = time.monotonic()
@@ -184,6 +180,7 @@ class Runtime:
             raise
         finally:
             applier.close()
+            keep_alive.stop()
             # Prestaged files a StartCommit did not adopt belong to no entry: remove them now.
             self.driver.discard_prestaged()
             # This writer's own spool (a failed or fenced read leaves one): nobody else's files.
