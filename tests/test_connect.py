@@ -303,7 +303,7 @@ def test_the_test_servers_sessions_never_expire_between_connect_tests(connect_sp
     assert connect_spark.conf.get(SESSION_TIMEOUT) in ("-1", "-1ms")
 
 
-SHORT_TIMEOUT_SECONDS = 15
+SHORT_TIMEOUT_SECONDS = 10
 """The session timeout of the server of the test below (Spark's default: an hour)."""
 
 
@@ -340,17 +340,17 @@ def _own_session(url: str) -> Iterator[Any]:
 
 
 @pytest.mark.slow
-def test_a_run_keeps_its_connect_sessions_open_while_it_stages_and_waits(
+def test_a_run_keeps_its_connect_sessions_open_while_it_stages(
     short_timeout_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Spark Connect server closes a session that makes no call for its timeout (an hour by
-    default; 15 s here), and the next call fails with SESSION_CLOSED. A run leaves sessions idle
-    that long in two places: its apply session while a long epoch is staged (18 s here), and every
-    session while ``run --follow`` waits with nothing to read (20 s more here). The runtime touches
-    them on a clock (KEEP_ALIVE_SECONDS, 3 s here): the first epoch applies, after the wait both the
-    run's session and the apply session still answer, and a new file lands.
+    default; 10 s here), and the next call fails with SESSION_CLOSED. A run leaves its sessions
+    idle that long while a long epoch is read and staged (the apply session; here the run's too, for
+    12 s before the epoch's first call) and while ``run --follow`` has nothing to read. The runtime
+    touches them on a clock (KEEP_ALIVE_SECONDS, 2 s here), whatever the loop is doing: the epoch
+    applies, both sessions still answer afterwards, and a next run lands a new file.
 
-    Beside it, over the same 38 s, what would happen otherwise (and what the test server's
+    Beside it, over the same time, what would happen otherwise (and what the test server's
     setting above prevents): a session that makes no call for longer than the timeout is closed
     by the server, and its next call fails with SESSION_CLOSED, as the txn-version tests' calls did."""
     import time
@@ -360,28 +360,30 @@ def test_a_run_keeps_its_connect_sessions_open_while_it_stages_and_waits(
     from tests.test_holes import config_with
 
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-    monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 3.0)  # where Runtime.run looks it up
-    with _own_session(short_timeout_server.url) as idle, _own_session(short_timeout_server.url) as session:
+    monkeypatch.setattr(loop, "KEEP_ALIVE_SECONDS", 2.0)  # where Runtime.run looks it up
+    # The run's session made first: the active one, as in a run (pyspark reads a setting from the
+    # active session at its first function call in a process).
+    with _own_session(short_timeout_server.url) as session, _own_session(short_timeout_server.url) as idle:
         assert idle.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # then not a call until the end
+        began = time.monotonic()
         table = tmp_path / "tables" / "items"
         write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])
-        config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000, "poll_interval_seconds": 0.5})
+        config = config_with(tmp_path, [binding("items", tmp_path / "src", table)], transaction={"max_documents": 1000})
         rt = Runtime(config, session)
-        stage = rt.stager.stage
+        read = rt.stager.read
 
-        def slow_stage(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(SHORT_TIMEOUT_SECONDS + 3)  # the apply session makes no call meanwhile
-            return stage(*args, **kwargs)
+        def slow_read(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(SHORT_TIMEOUT_SECONDS + 2)  # neither session makes a call meanwhile
+            return read(*args, **kwargs)
 
-        monkeypatch.setattr(rt.stager, "stage", slow_stage)
-        began = time.monotonic()
-        summary = rt.run(follow=True, should_stop=lambda: time.monotonic() - began > 2 * SHORT_TIMEOUT_SECONDS + 8)
+        monkeypatch.setattr(rt.stager, "read", slow_read)
+        summary = rt.run(max_epochs=1)
         assert [e.epoch for e in summary.epochs if e.acknowledged is not None] == [1]
         assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
         assert rt.driver.apply_spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1  # type: ignore[attr-defined]
         write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "v": 2}])
         Runtime(config, session).run()
         assert sorted(key[0] for key in table_rows(session, table, ["id"])) == [1, 2]
-        assert time.monotonic() - began > 2 * SHORT_TIMEOUT_SECONDS + 5
+        assert time.monotonic() - began > SHORT_TIMEOUT_SECONDS + 2
         with pytest.raises(Exception, match="SESSION_CLOSED"):
             idle.sql("SELECT 1 AS one").collect()
