@@ -45,7 +45,9 @@ def _key() -> str:
 
     jars = Path(pyspark.__file__).parent / "jars"
     java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get("JAVA_HOME") else shutil.which("java")
-    parts = [pyspark.__version__, str(jars), str(EMPTY_CONF)]
+    # (the Delta jars are on the class path since the runs pass them as SPARK_DIST_CLASSPATH: the
+    # archive holds their classes too, and one made before does not)
+    parts = [pyspark.__version__, str(jars), str(EMPTY_CONF), "SPARK_DIST_CLASSPATH"]
     parts += sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar"))
     if java:
         real = Path(java).resolve()

@@ -61,11 +61,11 @@ TEST_JVM_OPTIONS = os.environ.get("MATERIALIZER_TEST_JVM_OPTIONS", "-XX:TieredSt
 if TEST_JVM_OPTIONS:
     os.environ.setdefault("SPARK_LAUNCHER_OPTS", TEST_JVM_OPTIONS)  # spark-class's launcher JVM
 
-# Spark's scratch folders (`spark-<uuid>`: the jars each process copies into its userFiles, its
-# block manager's files) for every JVM of this process's tests, in one folder removed when the run
-# ends. Spark removes its own at a clean exit; a JVM the tests SIGKILL leaves them behind, and under
-# /tmp they piled up: 0.7 GB per full run (the S3 kill test's copy of the AWS SDK bundle, plus
-# 12-22 MB per other killed run). A developer's own SPARK_LOCAL_DIRS wins (and is left alone).
+# Spark's scratch folders (`spark-<uuid>`: its block manager's files, and the jars a cluster or
+# Connect session copies into its userFiles) for every JVM of this process's tests, in one folder
+# removed when the run ends. Spark removes its own at a clean exit; a JVM the tests SIGKILL leaves
+# them behind, and under /tmp they piled up (0.7 GB per full run while local sessions still copied
+# their jars, the AWS SDK bundle among them). A developer's own SPARK_LOCAL_DIRS wins (and is left alone).
 SPARK_SCRATCH: Path | None = None
 if "SPARK_LOCAL_DIRS" not in os.environ:
     import tempfile

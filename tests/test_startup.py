@@ -258,3 +258,21 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "WARN NativeCodeLoader" in verbose.stderr  # Spark's own log4j defaults
     assert "WARNING: Using incubator modules" in verbose.stderr
+
+
+@pytest.mark.spark
+def test_a_local_session_has_its_jars_on_the_class_path_and_copies_none(spark: Any) -> None:
+    """A local session (the shared one is made by build_session, as a run's is) gets the Delta
+    jars on its JVM's class path, not as spark.jars: Spark would copy those into the session's
+    scratch folder at its first task (686 MB for S3's SDK bundle)."""
+    from pyspark import SparkFiles
+
+    from materializer.spark import session_jars
+
+    delta_jars = [j for j in session_jars(False) if "delta-spark" in Path(j).name]
+    assert delta_jars
+    class_path = spark.sparkContext._jvm.java.lang.System.getProperty("java.class.path").split(os.pathsep)
+    assert set(delta_jars) <= set(class_path)
+    assert not spark.sparkContext.getConf().get("spark.jars", "")
+    spark.range(4).repartition(2).count()  # a task, which would fetch spark.jars
+    assert not list(Path(SparkFiles.getRootDirectory()).glob("*.jar"))

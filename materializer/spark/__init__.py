@@ -102,9 +102,18 @@ def build_session(
     java = check_java()
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = dict(BASE_CONF)
-    settings["spark.jars"] = ",".join(session_jars(s3, kafka=kafka, java=java, verbose=verbose, report=report))
+    jars = session_jars(s3, kafka=kafka, java=java, verbose=verbose, report=report)
     java_options = [] if verbose else [f"-Dlog4j2.configurationFile={quiet_log4j_file(ivy_cache()).as_uri()}"]
     env: dict[str, str] = {}
+    if master.startswith("local") and not _spark_env_script():
+        # One JVM is the driver and the executors: the jars go on its class path, after Spark's
+        # own (spark-submit appends SPARK_DIST_CLASSPATH). As spark.jars, Spark would copy each
+        # into the run's scratch folder at its first task (S3's SDK bundle alone is 686 MB:
+        # about 2 s a start, and a folder that a killed run leaves behind) and load them
+        # through a class loader of its own.
+        env["SPARK_DIST_CLASSPATH"] = os.pathsep.join(filter(None, [os.environ.get("SPARK_DIST_CLASSPATH"), *jars]))
+    else:
+        settings["spark.jars"] = ",".join(jars)
     if master.startswith("local") or os.environ.get("SPARK_LOCAL_IP"):
         # Bind to loopback: a local run needs no network (and this host's name may not resolve).
         host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
@@ -125,6 +134,16 @@ def build_session(
         builder = builder.config(key, value)
     session = start_jvm(builder.getOrCreate, verbose=verbose, env=env)
     return session
+
+
+def _spark_env_script() -> bool:
+    """Whether spark-submit will source a ``spark-env.sh`` (which may set SPARK_DIST_CLASSPATH
+    itself, as Hadoop-free Spark builds do): then the jars go as ``spark.jars``, as on a cluster."""
+    import pyspark
+
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
+    return os.path.exists(os.path.join(conf_dir, "spark-env.sh"))
 
 
 def stop_session(session: "SparkSession") -> None:
