@@ -70,6 +70,9 @@ FIRST_FAILURES = 3
 """How many bad lines an error names."""
 LINE_SHOWN = 1 << 20
 """Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
+MAX_REFUSED_SHAPES = 10_000
+"""With ``dead_letter``: the distinct document shapes of an epoch looked at for ones that do not fit
+the declared schema alone; an epoch of more refuses as a whole (as with ``fail``)."""
 
 
 # --- the reader ------------------------------------------------------------------------------------
@@ -125,6 +128,10 @@ class DocumentReader:
         """How :meth:`deferred` checks: ``variant`` (Spark expressions) or ``arrow``
         (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
+        self.shape_refusals: dict[str, str] = {}
+        """With ``dead_letter`` and a declared schema: the document shapes (``schema_of_variant``)
+        that do not fit the schema alone (an undeclared field, a kind the declared type cannot take,
+        at any depth), each with its problem: :meth:`problem` refuses their documents one by one."""
         """Documents the ``arrow`` validator found fast, once its staging job has run."""
         self.typed_by_python: dict[str, str] = {}
         """With the ``arrow`` validator: the declared fields it types itself, and their columns."""
@@ -251,9 +258,15 @@ class DocumentReader:
         with or without ANSI mode, and :meth:`explain` locates it), and a key that is an object
         or an array where the key is declared a scalar type other than STRING (the epoch's shape
         does not fit the schema). Refused epochs are named by the full set (``verify``)."""
-        return self._built(
+        column = self._built(
             "problem", lean, lambda: problem_column(self.keys, self.hidden, self.sequence_by, self.declared, lean)
         )
+        if lean or not self.shape_refusals:
+            return column
+        from pyspark.sql import functions as F
+
+        by_shape = F.create_map(*[F.lit(x) for item in sorted(self.shape_refusals.items()) for x in item])
+        return F.coalesce(column, by_shape[F.schema_of_variant(F.col("__v"))])
 
     def checked(self, parsed: "DataFrame", lean: bool = False) -> "DataFrame":
         """``parsed`` with ``__problem``: per document, what is wrong with it alone (NULL: nothing).
@@ -279,7 +292,39 @@ class DocumentReader:
         checked = self.checked(parsed)
         row = checked.agg(*self.tallies()).first()
         assert row is not None
+        if self.dead_letter and self.declared is not None and not self.shape_refusals:
+            # A document that does not fit the declared schema alone is a dead letter too, where
+            # only the epoch's merged shape shows it (docs: 'Dead letters'): its shape is refused,
+            # and the epoch checked again (a second job, for such epochs only).
+            self.shape_refusals = self._refused_shapes(checked, row)
+            if self.shape_refusals:
+                checked = self.checked(parsed)
+                row = checked.agg(*self.tallies()).first()
+                assert row is not None
         return self._verdict(checked, row)
+
+    def _refused_shapes(self, checked: "DataFrame", row: Any) -> dict[str, str]:
+        """The good documents' shapes that do not fit the declared schema alone, with the first
+        problem of each (as the ``fail`` error words it); none when the epoch's shape fits."""
+        from pyspark.sql import functions as F
+
+        if not row["n"] or row["shape"] is None or not self.single_problems(parse_shape(row["shape"])):
+            return {}
+        shapes = (
+            checked.where(F.col("__problem").isNull())
+            .select(F.schema_of_variant(F.col("__v")).alias("shape"))
+            .distinct()
+            .limit(MAX_REFUSED_SHAPES + 1)
+            .collect()
+        )
+        if len(shapes) > MAX_REFUSED_SHAPES:
+            return {}  # the epoch is refused as a whole, naming its first such document
+        refused = {}
+        for item in shapes:
+            problems = self.single_problems(parse_shape(item["shape"]))
+            if problems:
+                refused[item["shape"]] = problems[0]
+        return refused
 
     def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
         """Raise the error for what the tallies found (with ``dead_letter``, note the bad files
@@ -362,8 +407,11 @@ class DocumentReader:
         conflicts with the shapes before it."""
         from pyspark.sql import functions as F
 
+        # The good documents' shapes only, as the tallies merged them: a document refused alone (a
+        # dead letter, or not JSON at all) has no part in the epoch's shape.
         shapes = (
-            checked.groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
+            checked.where(F.col("__problem").isNull())
+            .groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
             .agg(F.min(F.col(SEQ)).alias("first"))
             .orderBy("first")
             .limit(10_000)
