@@ -4,8 +4,9 @@ Each CLI run (``tests.helpers.run_cli``, the drill's runs, the SIGKILL tests) st
 loads and verifies some 20,000 classes (Spark, Delta, Hadoop) before its first epoch. Java's dynamic
 CDS (JDK 13+) writes the classes one run loaded, parsed and verified, into an archive
 (``-XX:ArchiveClassesAtExit``) that later JVMs map instead (``-XX:SharedArchiveFile``). Made once per
-machine, at the first test of the ``subprocess`` tier (one CLI run of the shipped example pipeline,
-under a lock: a second pytest-xdist worker waits for it), kept in ``~/.cache/materializer/test-cds``
+machine, from the first test of the ``subprocess`` tier on (one CLI run of the shipped example
+pipeline, in the background, under a lock: the tests go on meanwhile, and their CLI runs start
+without the archive until it is there; a second pytest-xdist worker does not make another), kept in ``~/.cache/materializer/test-cds``
 (or ``MATERIALIZER_TEST_CDS_DIR``) under a name that changes with the pyspark jars and the Java;
 ``MATERIALIZER_TEST_CDS=0`` runs without it (to compare). tests/conftest.py puts the options in
 ``SPARK_SUBMIT_OPTS`` for the ``subprocess`` tier's tests, so every JVM their processes start
@@ -21,6 +22,7 @@ Users' JVMs never see any of this. Measured in docs/tests.md ("Test-only JVM opt
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import hashlib
@@ -30,8 +32,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT = Path(os.environ.get("MATERIALIZER_TEST_CDS_DIR", Path.home() / ".cache" / "materializer" / "test-cds"))
@@ -55,32 +59,65 @@ def _key() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-_failed = False  # this process tried to make the archive and could not: it does not try again
 # Whether this run has enough CLI runs to pay for making the archive (tests/conftest.py decides from
 # the selected tests): making it costs about one CLI run and a half, and saves a quarter of each.
 make = True
 
 
+_making: threading.Thread | None = None  # this process's maker, once started
+_maker: subprocess.Popen[bytes] | None = None  # its CLI run, while it runs
+
+
 def archive_options(jvm_options: str) -> str:
-    """The JVM options that map the archive, made first if this machine has none yet ("" if it cannot be).
+    """The JVM options that map the archive; "" while this machine has none yet (or cannot make one).
+
+    The first call without an archive starts making it in the background (:func:`_make`, under a
+    lock that another process's maker holds instead), and the tests go on: a run a test starts before
+    the archive is there runs without it, as with ``MATERIALIZER_TEST_CDS=0``. (Making it took about
+    45 s; waited for, it held both workers of the full run at their first subprocess test, a Connect
+    server's or a broker's among them, which never use it.)
 
     ``jvm_options``: the CLI runs' own (the archive is made by a JVM that runs with them)."""
-    global _failed
+    global _making
     archive = ROOT / f"cli-{_key()}.jsa"
-    if not archive.exists():
-        if _failed or not make:
-            return ""
+    if archive.exists():
+        return f"-XX:SharedArchiveFile={archive} {QUIET}"
+    if make and _making is None:
         ROOT.mkdir(parents=True, exist_ok=True)
-        with open(ROOT / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not archive.exists() and not _make(archive, jvm_options):
-                _failed = True
-                return ""
-    return f"-XX:SharedArchiveFile={archive} {QUIET}"
+        lock = open(ROOT / ".lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process makes it: this one's tests take it when it is there
+            lock.close()
+            return ""
+        _making = threading.Thread(target=_make_locked, args=(archive, jvm_options, lock), name="cds-archive", daemon=True)
+        _making.start()
+        atexit.register(_stop_maker)
+    return ""
+
+
+def _make_locked(archive: Path, jvm_options: str, lock: IO[str]) -> None:
+    with lock:
+        if not archive.exists():
+            _make(archive, jvm_options)
+
+
+def _stop_maker() -> None:
+    """At this process's exit (a run shorter than the making): a maker still running is killed, and its
+    partial archive removed (never renamed into place, so no later run maps it)."""
+    maker = _maker
+    if maker is not None and maker.poll() is None:
+        try:
+            os.killpg(maker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for partial in ROOT.glob(f"*.{os.getpid()}.partial"):
+        partial.unlink(missing_ok=True)
 
 
 def _make(archive: Path, jvm_options: str) -> bool:
     """One CLI run of the shipped example that writes the archive at its JVM's exit."""
+    global _maker
     partial = archive.with_suffix(f".{os.getpid()}.partial")
     with tempfile.TemporaryDirectory(prefix="materializer-cds-") as work:
         shutil.copytree(REPO / "conf" / "examples", Path(work) / "conf" / "examples")
@@ -94,7 +131,7 @@ def _make(archive: Path, jvm_options: str) -> bool:
         run_env["SPARK_SUBMIT_OPTS"] = f"{jvm_options} -XX:ArchiveClassesAtExit={partial} {QUIET}"
         # A session of its own, so that the wait below covers the JVM: it writes the archive after
         # the CLI's Python has exited (pyspark does not wait for its JVM).
-        process = subprocess.Popen(
+        process = _maker = subprocess.Popen(
             [sys.executable, "-m", "materializer_cli", "run", "-q"], cwd=work, env=run_env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
