@@ -71,8 +71,8 @@ FIRST_FAILURES = 3
 LINE_SHOWN = 1 << 20
 """Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
 MAX_REFUSED_SHAPES = 10_000
-"""With ``dead_letter``: the distinct document shapes of an epoch looked at for ones that do not fit
-the declared schema alone; an epoch of more refuses as a whole (as with ``fail``)."""
+"""With a declared schema: the distinct document shapes of an epoch looked at for ones that do not
+fit it alone; an epoch of more is refused as a whole, naming its first such document."""
 
 
 # --- the reader ------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ class DocumentReader:
         (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
         self.shape_refusals: dict[str, str] = {}
-        """With ``dead_letter`` and a declared schema: the document shapes (``schema_of_variant``)
+        """With a declared schema: the document shapes (``schema_of_variant``)
         that do not fit the schema alone (an undeclared field, a kind the declared type cannot take,
         at any depth), each with its problem: :meth:`problem` refuses their documents one by one."""
         """Documents the ``arrow`` validator found fast, once its staging job has run."""
@@ -292,10 +292,11 @@ class DocumentReader:
         checked = self.checked(parsed)
         row = checked.agg(*self.tallies()).first()
         assert row is not None
-        if self.dead_letter and self.declared is not None and not self.shape_refusals:
-            # A document that does not fit the declared schema alone is a dead letter too, where
-            # only the epoch's merged shape shows it (docs: 'Dead letters'): its shape is refused,
-            # and the epoch checked again (a second job, for such epochs only).
+        if self.declared is not None and not self.shape_refusals:
+            # A document that does not fit the declared schema alone, where only the epoch's merged
+            # shape shows it: its shape is refused, and the epoch checked again (a second job, for
+            # such epochs only). So it is a dead letter like the others (docs: 'Dead letters'), and
+            # the error of ``fail`` names the first bad lines in order and counts them all.
             self.shape_refusals = self._refused_shapes(checked, row)
             if self.shape_refusals:
                 checked = self.checked(parsed)
@@ -319,12 +320,19 @@ class DocumentReader:
         )
         if len(shapes) > MAX_REFUSED_SHAPES:
             return {}  # the epoch is refused as a whole, naming its first such document
-        refused = {}
-        for item in shapes:
-            problems = self.single_problems(parse_shape(item["shape"]))
-            if problems:
-                refused[item["shape"]] = problems[0]
-        return refused
+        problems = {item["shape"]: found for item in shapes if (found := self.single_problems(parse_shape(item["shape"])))}
+        if not problems:
+            return {}
+        # Worded from each shape's first document, as the error of one bad line words it (the
+        # shape's first problem where the driver cannot say more).
+        shape = F.schema_of_variant(F.col("__v"))
+        firsts = (
+            checked.where(F.col("__problem").isNull() & shape.isin(list(problems)))
+            .groupBy(shape.alias("shape"))
+            .agg(F.min_by(F.substring("value", 1, LINE_SHOWN), F.col(SEQ)).alias("text"))
+            .collect()
+        )
+        return {item["shape"]: self._why(item["text"], problems[item["shape"]]) for item in firsts}
 
     def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
         """Raise the error for what the tallies found (with ``dead_letter``, note the bad files
