@@ -246,14 +246,18 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     for noise in (":: loading settings", ":: resolving", "found io.delta", "WARN", "INFO", "log4j", "SparkContext"):
         assert noise not in err, err
     assert err.splitlines()[0].startswith(("opened pipeline", "fetching jars")), err
-    # A refused line: our error (file:line, what to do), and not Spark's warnings of the query
-    # that numbers the file's lines to find it (a window over one partition, on purpose).
-    (pipeline.parent / "src" / "b.jsonl").write_text('{"id": 2}\n{not json\n')
-    refused = run_cli("run", "--config", str(pipeline))
-    assert refused.returncode == 3 and "b.jsonl:2: not valid JSON" in refused.stderr, refused.stderr[-3000:]
-    for noise in ("WARN", "INFO", "Exception", "Traceback"):
+    # Refused lines: our error (file:line, what to do), and not Spark's warnings of the query
+    # that numbers the file's lines to find it (a window over one partition, on purpose), nor its
+    # report of the staging task that failed on a value the declared type cannot hold.
+    (tmp_path / "refused" / "src").mkdir(parents=True)
+    (tmp_path / "refused" / "src" / "b.jsonl").write_text('{"id": 2, "n": 99999999999}\n{not json\n')
+    schema = "id BIGINT, n INT"
+    declared = write_config(tmp_path / "refused", [binding("items", tmp_path / "refused" / "src", tmp_path / "refused" / "items", schema=schema)])
+    refused = run_cli("run", "--config", str(declared))
+    assert refused.returncode == 3, refused.stderr[-3000:]
+    assert "b.jsonl:1: a value does not fit" in refused.stderr and "b.jsonl:2: not valid JSON" in refused.stderr, refused.stderr[-3000:]
+    for noise in ("WARN", "INFO", "ERROR", "Exception", "Traceback", "\tat "):
         assert noise not in refused.stderr, refused.stderr
-    (pipeline.parent / "src" / "b.jsonl").write_text('{"id": 2}\n')
     verbose = run_cli("-v", "run", "--config", str(pipeline))
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "WARN NativeCodeLoader" in verbose.stderr  # Spark's own log4j defaults

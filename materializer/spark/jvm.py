@@ -63,6 +63,15 @@ logger.fair.level = error
 # without partitions; materializer.sources.json_documents): Spark warns of it right above our error.
 logger.window.name = org.apache.spark.sql.execution.window.WindowExec
 logger.window.level = error
+# A task that fails on a document's value (a declared type's cast, in the staging job) is what our
+# own error then names by file and line: Spark's report of the failed task (its Java stack trace,
+# thrice, ~100 lines) says the same in other words. Any other failure's cause is in our error too.
+logger.task.name = org.apache.spark.executor.Executor
+logger.task.level = fatal
+logger.taskset.name = org.apache.spark.scheduler.TaskSetManager
+logger.taskset.level = fatal
+logger.writejob.name = org.apache.spark.sql.execution.datasources.FileFormatWriter
+logger.writejob.level = fatal
 """
 
 
