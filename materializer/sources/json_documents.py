@@ -39,14 +39,13 @@ from materializer import sqltypes
 from materializer.errors import SourceError
 from materializer.dead_letters import rejected_rows, split
 from materializer.columns import OP, SEQ
+from materializer.sources.document_refusals import LINE_SHOWN, first_misfit, refused_shapes, why
 from materializer.sources.document_rules import EXACT_DIGITS, problem_column
 from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
 from materializer.sources.document_shapes import (
     DELTA_INVALID,
-    conflict,
     declared_problems,
     inferred_type,
-    merge_shapes,
     shape_problems,
 )
 from materializer.sources.document_types import cast_type, typed, with_void
@@ -68,11 +67,6 @@ and are re-exported here under the names they had."""
 
 FIRST_FAILURES = 3
 """How many bad lines an error names."""
-LINE_SHOWN = 1 << 20
-"""Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
-MAX_REFUSED_SHAPES = 10_000
-"""With a declared schema: the distinct document shapes of an epoch looked at for ones that do not
-fit it alone; an epoch of more is refused as a whole, naming its first such document."""
 
 
 # --- the reader ------------------------------------------------------------------------------------
@@ -297,42 +291,12 @@ class DocumentReader:
             # shape shows it: its shape is refused, and the epoch checked again (a second job, for
             # such epochs only). So it is a dead letter like the others (docs: 'Dead letters'), and
             # the error of ``fail`` names the first bad lines in order and counts them all.
-            self.shape_refusals = self._refused_shapes(checked, row)
+            self.shape_refusals = refused_shapes(self, checked, row)
             if self.shape_refusals:
                 checked = self.checked(parsed)
                 row = checked.agg(*self.tallies()).first()
                 assert row is not None
         return self._verdict(checked, row)
-
-    def _refused_shapes(self, checked: "DataFrame", row: Any) -> dict[str, str]:
-        """The good documents' shapes that do not fit the declared schema alone, with the first
-        problem of each (as the ``fail`` error words it); none when the epoch's shape fits."""
-        from pyspark.sql import functions as F
-
-        if not row["n"] or row["shape"] is None or not self.single_problems(parse_shape(row["shape"])):
-            return {}
-        shapes = (
-            checked.where(F.col("__problem").isNull())
-            .select(F.schema_of_variant(F.col("__v")).alias("shape"))
-            .distinct()
-            .limit(MAX_REFUSED_SHAPES + 1)
-            .collect()
-        )
-        if len(shapes) > MAX_REFUSED_SHAPES:
-            return {}  # the epoch is refused as a whole, naming its first such document
-        problems = {item["shape"]: found for item in shapes if (found := self.single_problems(parse_shape(item["shape"])))}
-        if not problems:
-            return {}
-        # Worded from each shape's first document, as the error of one bad line words it (the
-        # shape's first problem where the driver cannot say more).
-        shape = F.schema_of_variant(F.col("__v"))
-        firsts = (
-            checked.where(F.col("__problem").isNull() & shape.isin(list(problems)))
-            .groupBy(shape.alias("shape"))
-            .agg(F.min_by(F.substring("value", 1, LINE_SHOWN), F.col(SEQ)).alias("text"))
-            .collect()
-        )
-        return {item["shape"]: self._why(item["text"], problems[item["shape"]]) for item in firsts}
 
     def _verdict(self, checked: "DataFrame", row: Any) -> tuple[int, "StructType"]:
         """Raise the error for what the tallies found (with ``dead_letter``, note the bad files
@@ -410,29 +374,11 @@ class DocumentReader:
         return problems
 
     def _shape_error(self, checked: "DataFrame", problems: list[str]) -> SourceError:
-        """Find the first document behind a schema-level problem: the distinct shapes of the epoch
-        (error path only), taken in order of their first document, until one has a problem alone or
-        conflicts with the shapes before it."""
-        from pyspark.sql import functions as F
-
-        # The good documents' shapes only, as the tallies merged them: a document refused alone (a
-        # dead letter, or not JSON at all) has no part in the epoch's shape.
-        shapes = (
-            checked.where(F.col("__problem").isNull())
-            .groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
-            .agg(F.min(F.col(SEQ)).alias("first"))
-            .orderBy("first")
-            .limit(10_000)
-            .collect()
-        )
-        merged: Shape = None
-        for item in shapes:
-            shape = parse_shape(item["shape"])
-            alone = self.single_problems(shape)
-            before, merged = merged, (shape if merged is None else merge_shapes(merged, shape))
-            if alone or (self.declared is None and shape_problems(merged)):
-                found = alone or [conflict(before, shape, "") or shape_problems(merged)[0]]
-                return self._located(checked, item["first"], None, item["shape"], found)
+        """The error naming the first document behind a problem of the epoch's merged shape."""
+        found = first_misfit(self, checked)
+        if found is not None:
+            first, shape, why_found = found
+            return self._located(checked, first, None, shape, why_found)
         return SourceError(
             f"{self.store.uri}: the documents of this transaction cannot make one table: {'; '.join(problems)}. "
             + self.hint()
@@ -478,16 +424,7 @@ class DocumentReader:
 
     def _why(self, text: str, problems: list[str] | None) -> str:
         """The problem of one bad line, worded from its own content where the driver can parse it."""
-        if self.declared is not None:
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                doc = None
-            if isinstance(doc, dict):
-                found = misfit(doc, kinds_of(self.declared), "")
-                if found is not None:
-                    return found
-        return (problems or ["a document is refused"])[0]
+        return why(text, problems, self.declared)
 
     # --- dead letters ---
 

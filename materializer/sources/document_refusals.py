@@ -1,0 +1,100 @@
+"""The documents an epoch's shape refuses, found on the error path of the JSON documents reader
+(:mod:`materializer.sources.json_documents`).
+
+Some problems show only in a document's shape (``schema_of_variant``), not in a rule over its
+values: with a declared schema, a field it does not declare or a JSON kind its type cannot take,
+at any depth; without one, a field of two kinds across the epoch. :func:`refused_shapes` finds the
+shapes that do not fit the declared schema alone, so that their documents are refused one by one
+(dead letters, or counted and named by ``fail``'s error); :func:`first_misfit` finds the first
+document behind a problem of the epoch's merged shape. Both run Spark jobs for such epochs only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+
+from materializer.columns import SEQ
+from materializer.sources.document_schema import kinds_of, misfit
+from materializer.sources.document_shapes import conflict, merge_shapes, shape_problems
+from materializer.sources.variant_shape import Shape, parse_shape
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+LINE_SHOWN = 1 << 20
+"""Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
+MAX_REFUSED_SHAPES = 10_000
+"""The distinct document shapes of an epoch looked at for ones that do not fit the declared schema
+alone; an epoch of more is refused as a whole, naming its first such document."""
+
+
+class ShapeJudge(Protocol):
+    declared: "StructType | None"
+
+    def single_problems(self, shape: Shape) -> list[str]: ...
+
+
+def why(text: str, problems: list[str] | None, declared: "StructType | None") -> str:
+    """The problem of one bad line, worded from its own content where the driver can parse it."""
+    if declared is not None:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            found = misfit(doc, kinds_of(declared), "")
+            if found is not None:
+                return found
+    return (problems or ["a document is refused"])[0]
+
+
+def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[str, str]:
+    """The good documents' shapes (of ``checked``, which has ``__v``, ``__problem`` and ``value``)
+    that do not fit the declared schema alone, each with its problem as the ``fail`` error words it
+    for the shape's first document; none when the epoch's merged shape (``row["shape"]``) fits."""
+    from pyspark.sql import functions as F
+
+    if not row["n"] or row["shape"] is None or not reader.single_problems(parse_shape(row["shape"])):
+        return {}
+    shape = F.schema_of_variant(F.col("__v"))
+    good = checked.where(F.col("__problem").isNull())
+    shapes = good.select(shape.alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
+    if len(shapes) > MAX_REFUSED_SHAPES:
+        return {}  # the epoch is refused as a whole, naming its first such document
+    problems = {item["shape"]: found for item in shapes if (found := reader.single_problems(parse_shape(item["shape"])))}
+    if not problems:
+        return {}
+    firsts = (
+        good.where(shape.isin(list(problems)))
+        .groupBy(shape.alias("shape"))
+        .agg(F.min_by(F.substring("value", 1, LINE_SHOWN), F.col(SEQ)).alias("text"))
+        .collect()
+    )
+    return {item["shape"]: why(item["text"], problems[item["shape"]], reader.declared) for item in firsts}
+
+
+def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, list[str]] | None":
+    """The first document behind a problem of the epoch's merged shape: the ``_seq`` of the first
+    document of its shape, the shape, and the problems. The distinct shapes of the good documents
+    (a document refused alone has no part in the epoch's shape), taken in order of their first
+    document, until one has a problem alone or conflicts with the shapes before it."""
+    from pyspark.sql import functions as F
+
+    shapes = (
+        checked.where(F.col("__problem").isNull())
+        .groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
+        .agg(F.min(F.col(SEQ)).alias("first"))
+        .orderBy("first")
+        .limit(MAX_REFUSED_SHAPES)
+        .collect()
+    )
+    merged: Shape = None
+    for item in shapes:
+        shape = parse_shape(item["shape"])
+        alone = reader.single_problems(shape)
+        before, merged = merged, (shape if merged is None else merge_shapes(merged, shape))
+        if alone or (reader.declared is None and shape_problems(merged)):
+            return item["first"], item["shape"], alone or [conflict(before, shape, "") or shape_problems(merged)[0]]
+    return None
