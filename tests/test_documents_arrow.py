@@ -68,6 +68,7 @@ def _run(spark: Any, tmp_path: Path, validator: str, src: Any = None) -> tuple[s
         ('{"id": 1, "_meta": {"op": 1}}', "'_meta.op' must be a string"),
         ('{"id": 1, "_meta": null}', "'_meta' is null"),
         ('{"id": 1, "_op": "u"}', "field '_op' is reserved"),
+        ('\ufeff{"id": 2}', "the line starts with a byte order mark (U+FEFF"),
     ],
 )
 def test_the_arrow_validator_refuses_with_the_variant_routes_text(spark: Any, tmp_path: Path, line: str, message: str) -> None:

@@ -18,6 +18,10 @@ EXACT_DIGITS = 38
 """Longest run of digits a number may have: Spark's decimals hold 38; longer ones became doubles."""
 
 
+BOM = "\ufeff"
+"""The byte order mark, as a line's first character (after UTF-8 decoding)."""
+
+
 def problem_column(
     keys: list[str], hidden: "tuple[str, ...]", sequence_by: list[str], declared: "StructType | None", lean: bool
 ) -> "Column":
@@ -33,6 +37,13 @@ def problem_column(
         return F.schema_of_variant(x)
 
     rules: list[tuple[Column, Column | str]] = [
+        (
+            # What some Windows editors write at the start of a UTF-8 file: no JSON parser reads a
+            # line that starts with it, and "not valid JSON" would point at a line that looks fine.
+            v.isNull() & value.startswith(BOM),
+            "the line starts with a byte order mark (U+FEFF, which some editors write at the start of a file); "
+            "JSON Lines does not allow one: save the file as UTF-8 without a BOM",
+        ),
         (
             # Valid JSON to Spark's parser, which stops after the first value (json_text).
             v.isNull() & F.try_parse_json(value).isNotNull(),
