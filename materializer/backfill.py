@@ -19,7 +19,7 @@ Why that keeps exactly-once:
   replay of epoch N+1 after a crash is skipped by Delta, so rows the backfill has already written
   again (epochs N+2 …) are never deleted a second time.
 * **The other bindings are untouched:** their positions are carried over unchanged, and epoch N+1
-  records an empty commit on their tables.
+  makes no commit on their tables (nor on B's without ``--truncate``).
 * **A crash mid-backfill** is a crash in an ordinary epoch: ``materializer run`` re-applies the
   last committed epoch and goes on reading B from where the backfill got to. Running ``backfill``
   again instead starts it over (again correct: in standard mode the MERGE by key converges; with
@@ -140,6 +140,7 @@ def start_backfill(
             rewind=before,
             written=written,
             truncate=[binding] if truncate else [],
+            recorded=DriverCheckpoint.carried(last.driver_checkpoint if last is not None else None, epoch, [binding] if truncate else []),
             options={b.name: table_options(b) for b in config.bindings},
         )
         # crash before this commit leaves nothing changed; after it, every run continues the backfill

@@ -16,7 +16,7 @@ checkpoint is opaque to the runtime, and both are committed together in one reco
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,10 +76,41 @@ class DriverCheckpoint(Model):
     """Per binding, the table it wrote to (as configured): a binding removed from the configuration
     while this epoch is unapplied is checked against its table at the next Open, so its staged rows
     are never dropped without a word. Empty in older entries."""
+    recorded: dict[str, int] | None = None
+    """Per binding, the last epoch up to this one whose apply commits to its table (rows staged, dead
+    letters, a backfill's truncate, rows set aside by ``recover``): the epoch its table records once
+    this one is applied. A binding with nothing for an epoch gets no commit on its table (an empty commit
+    per idle table per epoch cost a Delta commit each). None in older entries, whose apply made an
+    empty commit on every table, so each recorded every epoch."""
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per binding, the options its rows were staged with that shape its table
     (:func:`materializer.option_changes.table_options`): the next Open compares the configuration
     with them (docs: 'Changing options on a table that exists'). Empty in older entries."""
+
+    def commits_to(self, name: str) -> bool:
+        """Whether this epoch's apply commits to binding ``name``'s table (an older entry: to every one)."""
+        return (
+            self.recorded is None or self.staged.get(name) is not None or name in self.dead_letters
+            or name in self.truncate or name in self.skipped
+        )
+
+    def table_records(self, name: str) -> int:
+        """The epoch binding ``name``'s table records once this epoch is applied (0: none)."""
+        return self.epoch if self.recorded is None else self.recorded.get(name, 0)
+
+    @staticmethod
+    def carried(before: "DriverCheckpoint | None", epoch: int, commits: "Iterable[str]") -> dict[str, int]:
+        """:attr:`recorded` for ``epoch``, whose apply commits to the tables of ``commits``, after
+        ``before`` (the previous entry's checkpoint; an older entry's tables recorded its epoch)."""
+        if before is None:
+            out: dict[str, int] = {}
+        elif before.recorded is None:
+            # (the tables that existed: an older apply committed to every one of them)
+            out = {name: before.epoch for name in {*(n for n, f in before.staged.items() if f is not None), *before.written}}
+        else:
+            out = dict(before.recorded)
+        out.update({name: epoch for name in commits})
+        return out
 
 
 # --- messages ----------------------------------------------------------------------------------

@@ -176,3 +176,21 @@ def test_local_publish_of_a_removed_temp_file_reads_as_not_published(tmp_path: P
 
     assert store.put_if_absent("entries/x.json", b"data", before_publish=cleaned_meanwhile) is False
     assert not (tmp_path / "store" / "entries" / "x.json").exists()
+
+
+def test_what_each_table_records_is_carried_from_entry_to_entry() -> None:
+    """``recorded`` (issue #32: an epoch commits only to the tables it has something for): carried
+    on from the previous entry; an older entry (none) committed to every table that existed."""
+    file = StagedFile(uri="s/e6-a", rows=1, bytes=10, files=1)
+    older = DriverCheckpoint(epoch=5, staged={"a": file, "b": None, "never": None}, written=["b"])
+    assert older.commits_to("never") and older.table_records("never") == 5  # the old rule, unchanged
+    recorded = DriverCheckpoint.carried(older, 6, ["a"])
+    assert recorded == {"a": 6, "b": 5}  # "never" had no table: it records nothing
+    sixth = DriverCheckpoint(epoch=6, staged={"a": file, "b": None, "never": None}, recorded=recorded, truncate=[], skipped={})
+    assert [sixth.commits_to(n) for n in ("a", "b", "never")] == [True, False, False]
+    assert [sixth.table_records(n) for n in ("a", "b", "never")] == [6, 5, 0]
+    # Dead letters, a truncate and rows set aside each commit to the table too.
+    dead = DriverCheckpoint(epoch=7, staged={"b": None}, dead_letters={"b": file}, recorded={"b": 7})
+    assert dead.commits_to("b") and DriverCheckpoint(epoch=7, staged={"b": None}, truncate=["b"], recorded={}).commits_to("b")
+    assert DriverCheckpoint(epoch=7, staged={"b": None}, skipped={"b": "kept"}, recorded={}).commits_to("b")
+    assert DriverCheckpoint.carried(sixth, 7, []) == recorded and DriverCheckpoint.carried(None, 1, ["a"]) == {"a": 1}

@@ -64,6 +64,9 @@ class DeltaDriver(Driver):
         """Raises FencedError if a newer writer holds the log: called after listing what to
         delete and before deleting it (DESIGN invariant 10)."""
         self._written: set[str] = set()
+        self._before: DriverCheckpoint | None = None
+        """The driver checkpoint of the last epoch committed (at Open, the log's; then each one this
+        run stages): what the tables record carries on from it (:attr:`DriverCheckpoint.recorded`)."""
         self._txn_proven: set[str] = set()
         """Bindings whose table was seen recording this run's txn id after an apply."""
         """Bindings whose tables hold rows of an applied epoch (so the table must exist)."""
@@ -103,6 +106,7 @@ class DeltaDriver(Driver):
         self.writer.probe_txn_confs()
         with self.collector.span("check_tables", message.last_epoch):
             self.open_checks.check_tables(message.last_epoch, message.driver_checkpoint)
+        self._before = message.driver_checkpoint
         if message.driver_checkpoint is not None:
             self._written = set(message.driver_checkpoint.written) | {
                 name for name, f in message.driver_checkpoint.staged.items() if f is not None
@@ -132,7 +136,9 @@ class DeltaDriver(Driver):
         append per dead-letter table (:meth:`_dead_letter_groups`), under the same txn id."""
         epoch = message.epoch
         checkpoint = message.driver_checkpoint
-        todo = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
+        covered = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
+        # A binding with nothing this epoch gets no commit: its table records its last epoch with rows.
+        todo = [binding for binding in covered if checkpoint.commits_to(binding.name)]
 
         def apply(binding: BindingConfig, slot: int) -> ApplyResult:
             writer = self._writer(slot)
@@ -156,11 +162,19 @@ class DeltaDriver(Driver):
                 # may be mid-MERGE by then (uncommitted, as at mid-apply) or already committed.
                 crash.crash_point("after-apply", epoch)
 
-        results = run_each(
+        applied_results = run_each(
             todo, apply, workers=self._apply_workers(len(todo)), name="materializer-apply",
             after_each=between_tables, label=lambda b: f"binding {b.name} (epoch {epoch}'s apply)",
         )
-        groups = self._dead_letter_groups([b for b in todo if checkpoint.dead_letters.get(b.name) is not None], checkpoint)
+        by_name = {r.binding: r for r in applied_results}
+        results = []
+        for binding in covered:
+            result = by_name.get(binding.name)
+            if result is None:  # nothing this epoch: named in the progress record, its table not touched
+                result = ApplyResult(binding=binding.name, table=str(binding.table), status="empty")
+                self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=0.0))
+            results.append(result)
+        groups = self._dead_letter_groups([b for b in covered if checkpoint.dead_letters.get(b.name) is not None], checkpoint)
         if groups:
             # crash here leaves the tables applied and the dead letters not: the re-apply skips the
             # tables and appends them (their own txn record on each dead-letter table)
@@ -358,16 +372,17 @@ class DeltaDriver(Driver):
             raise
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
-        return StartedCommit(
-            driver_checkpoint=DriverCheckpoint(
+        checkpoint = DriverCheckpoint(
                 epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
+                recorded=DriverCheckpoint.carried(self._before, epoch, [*(n for n, f in staged.items() if f is not None), *dead]),
                 options={b.name: table_options(b) for b in self.config.bindings},
                 tables={
                     **{b.name: b.table for b in self.config.bindings if staged.get(b.name) is not None},
                     **{b.name + DEAD_LETTER_SUFFIX: str(b.dead_letters) for b in self.config.bindings if b.name in dead},
                 },
             )
-        )
+        self._before = checkpoint
+        return StartedCommit(driver_checkpoint=checkpoint)
 
     def _stage(self, name: str, epoch: int, df: "DataFrame", key: list[str] | None = None) -> StagedFile | None:
         return self.staging_area.stage(name, epoch, df, self.config.binding(name).key if key is None else key)

@@ -214,9 +214,16 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     dead = {n: f for n, f in before.items() if n not in restage}
     dead.update({n: f for n, f in started.driver_checkpoint.dead_letters.items() if n in restage})
     truncate = list(last.driver_checkpoint.truncate) if last is not None and last.driver_checkpoint is not None and last_epoch == target else []
+    # What each table records once `target` is applied: as the entry said (the same epoch again), or
+    # carried on from the last entry's (the lost epoch: its rows, and the tables that record it already).
+    if last is not None and last.driver_checkpoint is not None and last_epoch == target:
+        recorded = last.driver_checkpoint.recorded
+    else:
+        before_cp = last.driver_checkpoint if last is not None else None
+        recorded = DriverCheckpoint.carried(before_cp, target, [*(n for n, f in staged.items() if f is not None), *dead, *keep])
     driver_checkpoint = DriverCheckpoint(
         epoch=target, staged=staged, rewind=rewind, written=written, dead_letters=dead, truncate=truncate,
-        options=started.driver_checkpoint.options,
+        recorded=recorded, options=started.driver_checkpoint.options,
         templated=dict(last.driver_checkpoint.templated) if last is not None and last.driver_checkpoint is not None else {},
     )
     entry = log.commit(target, new_checkpoint, driver_checkpoint)

@@ -98,26 +98,31 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
         pending = [uri for uri, name in referenced.items() if name == binding.name and uri in datasets]
         recorded = ts.txn_version or 0
         failure = failures.get((state.last_epoch, binding.name))
-        if recorded == state.last_epoch:
-            agrees, note = True, "up to date"
+        # The epoch the table should record: its last with rows (an epoch without any makes no
+        # commit on it), or the log's last for an older entry (whose apply committed to every table).
+        want = checkpoint.table_records(binding.name) if checkpoint is not None else state.last_epoch
+        owed = checkpoint is not None and binding.name in checkpoint.staged and checkpoint.commits_to(binding.name)
+        if recorded == want and (ts.exists or want == state.last_epoch):
+            agrees, note = True, "up to date" if want == state.last_epoch else f"up to date (its last rows: epoch {want})"
         elif not ts.exists and binding.name in written:
             agrees, note = False, (
                 f"TABLE GONE: the pipeline applied rows to {table} (the log is at epoch {state.last_epoch}) but the "
                 "table does not exist: it was deleted or moved. Restore it at that location and run again "
                 "(docs: 'A deleted table'); runs stop until then"
             )
-        elif failure is not None and recorded == state.last_epoch - 1:
+        elif failure is not None and owed and recorded < state.last_epoch:
             # The recorded message says what Delta refused and both ways out.
             agrees, note = False, f"STUCK: {failure}"
             status.stuck.append(f"epoch {state.last_epoch}, binding {binding.name}: {failure}")
-        elif recorded == state.last_epoch - 1:
+        elif owed and recorded < state.last_epoch and (checkpoint is None or checkpoint.recorded is not None or recorded == state.last_epoch - 1):
             # Committed but not applied yet (a run stopped between the log commit and the apply).
             agrees, note = True, f"epoch {state.last_epoch} is committed, not yet applied: the next run applies it"
         elif not ts.exists:
             agrees, note = True, "no table yet (the binding has had no rows)"
         else:
             agrees, note = False, (
-                f"table records epoch {recorded} for the pipeline but the log ends at {state.last_epoch}"
+                f"table records epoch {recorded} for the pipeline but the log says {want}"
+                + ("" if want == state.last_epoch else f" (its last epoch with rows; the log ends at {state.last_epoch})")
             )
         runtime = (state.last_commit.runtime_checkpoint or {}).get(binding.name) if state.last_commit else None
         lags, words = _compaction(binding, runtime)
