@@ -373,14 +373,14 @@ class DeltaDriver(Driver):
         # crash here leaves staged files that no committed entry references: the next Open deletes them
         crash.crash_point("after-stage", epoch)
         checkpoint = DriverCheckpoint(
-                epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
-                recorded=DriverCheckpoint.carried(self._before, epoch, [*(n for n, f in staged.items() if f is not None), *dead]),
-                options={b.name: table_options(b) for b in self.config.bindings},
-                tables={
-                    **{b.name: b.table for b in self.config.bindings if staged.get(b.name) is not None},
-                    **{b.name + DEAD_LETTER_SUFFIX: str(b.dead_letters) for b in self.config.bindings if b.name in dead},
-                },
-            )
+            epoch=epoch, staged=staged, rewind=message.rewind, written=sorted(self._written), dead_letters=dead,
+            recorded=DriverCheckpoint.carried(self._before, epoch, [*(n for n, f in staged.items() if f is not None), *dead]),
+            options={b.name: table_options(b) for b in self.config.bindings},
+            tables={
+                **{b.name: b.table for b in self.config.bindings if staged.get(b.name) is not None},
+                **{b.name + DEAD_LETTER_SUFFIX: str(b.dead_letters) for b in self.config.bindings if b.name in dead},
+            },
+        )
         self._before = checkpoint
         return StartedCommit(driver_checkpoint=checkpoint)
 
