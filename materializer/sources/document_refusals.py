@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 LINE_SHOWN = 1 << 20
 """Bytes of a bad line the driver fetches (error path only) to say what is wrong with it."""
+WORDED_SHAPES = 100
+"""Refused shapes whose first document the driver fetches to word their problem as ``fail`` does."""
 MAX_REFUSED_SHAPES = 10_000
 """The distinct document shapes of an epoch looked at for ones that do not fit the declared schema
 alone; an epoch of more is refused as a whole, naming its first such document."""
@@ -66,13 +68,18 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[s
     problems = {item["shape"]: found for item in shapes if (found := reader.single_problems(parse_shape(item["shape"])))}
     if not problems:
         return {}
+    # Worded from each shape's first document (a few: each text comes to the driver), else by the
+    # shape's first problem.
     firsts = (
         good.where(shape.isin(list(problems)))
         .groupBy(shape.alias("shape"))
         .agg(F.min_by(F.substring("value", 1, LINE_SHOWN), F.col(SEQ)).alias("text"))
+        .limit(WORDED_SHAPES)
         .collect()
     )
-    return {item["shape"]: why(item["text"], problems[item["shape"]], reader.declared) for item in firsts}
+    worded = {name: found[0] for name, found in problems.items()}
+    worded.update({item["shape"]: why(item["text"], problems[item["shape"]], reader.declared) for item in firsts})
+    return worded
 
 
 def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, list[str]] | None":
