@@ -102,6 +102,7 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
         # commit on it), or the log's last for an older entry (whose apply committed to every table).
         want = checkpoint.table_records(binding.name) if checkpoint is not None else state.last_epoch
         owed = checkpoint is not None and binding.name in checkpoint.staged and checkpoint.commits_to(binding.name)
+        older = checkpoint is None or checkpoint.recorded is None
         if recorded == want and (ts.exists or want == state.last_epoch):
             agrees, note = True, "up to date" if want == state.last_epoch else f"up to date (its last rows: epoch {want})"
         elif not ts.exists and binding.name in written:
@@ -114,8 +115,9 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
             # The recorded message says what Delta refused and both ways out.
             agrees, note = False, f"STUCK: {failure}"
             status.stuck.append(f"epoch {state.last_epoch}, binding {binding.name}: {failure}")
-        elif owed and recorded < state.last_epoch and (checkpoint is None or checkpoint.recorded is not None or recorded == state.last_epoch - 1):
-            # Committed but not applied yet (a run stopped between the log commit and the apply).
+        elif owed and recorded < state.last_epoch and (not older or recorded == state.last_epoch - 1):
+            # Committed but not applied yet (a run stopped between the log commit and the apply;
+            # an older entry's table recorded the epoch before).
             agrees, note = True, f"epoch {state.last_epoch} is committed, not yet applied: the next run applies it"
         elif not ts.exists:
             agrees, note = True, "no table yet (the binding has had no rows)"
