@@ -213,6 +213,10 @@ def test_a_fleets_bindings_are_planned_for_from_what_its_templates_find(tmp_path
     assert BETWEEN_BINDINGS not in unreachable_points(known) and "after-apply" not in unreachable_points(known)
     sizes = epoch_sizes(known, DrillOptions(config=tmp_path))
     assert sizes.max_files == 2 and sizes.notes[:2] == ("eu: 10 document files, 1000 an epoch", "us: 10 document files, 1000 an epoch")
+    # A pipeline of templates only (no `bindings:` in its file): its scratch copy parses.
+    only = parse_config({k: v for k, v in cfg.model_dump(mode="json", by_alias=True, exclude_unset=True).items() if k != "bindings"}, "only")
+    scratch = parse_config(scratch_config(only, tmp_path / "scratch", sizes.max_documents, sizes.max_files), "scratch")
+    assert scratch.bindings == [] and scratch.templates[0].source.max_files == 2
     drill = Drill(DrillOptions(config=tmp_path / "pipeline.yaml", workdir=tmp_path / "w", kills=1, seed=3))
     drill.plans()
     assert drill.report.windows()[BETWEEN_BINDINGS] == 0  # reachable, not hit yet (was "one binding")

@@ -121,6 +121,7 @@ def scratch_config(
     data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
     data["recovery_log"] = str(root / "log")
     data["staging"] = str(root / "staging")
+    data.setdefault("bindings", [])  # a pipeline of templates only sets none
     dead_letters: dict[str, str] = {}
 
     def dead_letter_table(value: str) -> str:
