@@ -82,6 +82,19 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[s
     return worded
 
 
+def each_fits_alone(reader: ShapeJudge, checked: "DataFrame") -> bool:
+    """Whether every good document of ``checked`` fits the declared schema alone (judged by its
+    shape; more than MAX_REFUSED_SHAPES shapes: not known, False). Then an epoch whose merged shape
+    mixes JSON kinds still fits: a declared type can take more than one kind (a TIMESTAMP from
+    text in one document and from a number in another), and the table's types are the declared
+    ones, not the merged shape's."""
+    from pyspark.sql import functions as F
+
+    good = checked.where(F.col("__problem").isNull())
+    shapes = good.select(F.schema_of_variant(F.col("__v")).alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
+    return len(shapes) <= MAX_REFUSED_SHAPES and not any(reader.single_problems(parse_shape(item["shape"])) for item in shapes)
+
+
 def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, list[str]] | None":
     """The first document behind a problem of the epoch's merged shape: the ``_seq`` of the first
     document of its shape, the shape, and the problems. The distinct shapes of the good documents

@@ -39,7 +39,7 @@ from materializer import sqltypes
 from materializer.errors import SourceError
 from materializer.dead_letters import rejected_rows, split
 from materializer.columns import OP, SEQ
-from materializer.sources.document_refusals import LINE_SHOWN, first_misfit, refused_shapes, why
+from materializer.sources.document_refusals import LINE_SHOWN, each_fits_alone, first_misfit, refused_shapes, why
 from materializer.sources.document_rules import EXACT_DIGITS, problem_column
 from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
 from materializer.sources.document_shapes import (
@@ -313,7 +313,7 @@ class DocumentReader:
         shape = parse_shape(row["shape"])
         self.shape = shape
         problems = self.single_problems(shape)
-        if problems:
+        if problems and not (self.declared is not None and each_fits_alone(self, checked)):
             raise self._shape_error(checked, problems)
         schema = self.declared if self.declared is not None else inferred_type(shape)
         return int(row["n"]), schema  # type: ignore[return-value]
