@@ -146,6 +146,8 @@ DEEP = '{"id": 9, "deep": ' + "[" * 1100 + "]" * 1100 + "}"
         ('{"id": 1, "_meta": {"op": 1}}', "'_meta.op' must be a string"),
         ('{"id": 12345678901234567890123456789012345678901}', "more than 38 digits"),
         ('{"id": 1, "n": 1.00000000000000000000000000000000000000001}', "more than 38 digits"),
+        # A finite number beyond a double would land as Infinity (a string "Infinity" is text).
+        ('{"id": 1, "s": "Infinity", "n": [1, -1.8e308]}', "a number is beyond what its type holds (a DOUBLE about 1.8e308"),
         (DEEP, "beyond what Spark's JSON parser reads"),
         ('{"id": 1, "n": ' + "1" * 1500 + "}", "beyond what Spark's JSON parser reads"),
         ('{"id": 1, "": 2}', "empty name"),
@@ -348,6 +350,7 @@ def declared(tmp_path: Path) -> DocumentsSource:
                 T.StructField("tags", T.ArrayType(T.LongType())),
                 T.StructField("address", T.StructType([T.StructField("city", T.StringType()), T.StructField("n", T.IntegerType())])),
                 T.StructField("at", T.TimestampType()),
+                T.StructField("ratio", T.FloatType()),
             ]
         )
     )
@@ -367,6 +370,9 @@ def declared(tmp_path: Path) -> DocumentsSource:
         ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
         ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\", which is not a valid TIMESTAMP"),
         ('{"id": 1, "address": {"n": 3000000000}}', "a value does not fit source.schema: field 'address.n' holds 3000000000, which is not a valid INT"),
+        ('{"id": 1, "amount": 1e309}', "a value does not fit source.schema: field 'amount' holds a number beyond the range of DOUBLE"),
+        ('{"id": 1, "ratio": 3.5e38}', "a value does not fit source.schema: field 'ratio' holds a number beyond the range of FLOAT"),
+        ('{"id": 1, "note": ["Infinity", -1e309]}', "a number is beyond what its type holds"),  # (a STRING takes JSON)
     ],
 )
 def test_a_declared_schema_refuses_undeclared_fields_and_other_kinds(spark: Any, tmp_path: Path, line: str, message: str) -> None:

@@ -265,9 +265,10 @@ def python_typed(schema: dict[str, Any], hidden: "tuple[str, ...] | list[str]") 
 SUSPECT = r"\\u003[aA]"
 """What makes a text not fast whatever it decodes to (RE2, matched per batch by Arrow): an escaped
 colon, which the ``:`` count would miss."""
-SUSPECT_WITH_DOUBLES = SUSPECT + r"|[0-9]{39}|-0(\.0*)?([eE][-+]?[0-9]+)?([,}\] \t\r\n]|$)"
+SUSPECT_WITH_DOUBLES = SUSPECT + r"|[0-9]{39}|-0(\.0*)?([eE][-+]?[0-9]+)?([,}\] \t\r\n]|$)|[eE]\+?0*[1-9][0-9]{2}"
 """With a DOUBLE declared: also a run of 39 digits (refused by the VARIANT route, rounded by a
-double) and a negative zero (whose sign the VARIANT route drops)."""
+double), a negative zero (whose sign the VARIANT route drops) and an exponent of 100 or more (a
+number beyond a double decodes to Infinity; the VARIANT route refuses it)."""
 
 
 def check_batches(

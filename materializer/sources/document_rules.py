@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from materializer import sqltypes
 from materializer.columns import OP, SEQ
 from materializer.sources.document_shapes import join_path
+from materializer.sources.document_types import cast_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
 EXACT_DIGITS = 38
 """Longest run of digits a number may have: Spark's decimals hold 38; longer ones became doubles."""
 
+
+BEYOND_FLOAT = r"[eE]\+?0*[1-9][0-9]|[0-9]{38}"
+"""A number that may be beyond a FLOAT (an exponent of 10 or more, or 38 digits in a row): the
+cheap test before the exact one."""
 
 BOM = "\ufeff"
 """The byte order mark, as a line's first character (after UTF-8 decoding)."""
@@ -85,6 +90,19 @@ def problem_column(
     )
     if declared is not None and not lean:
         rules += _fits(parts, declared, "")
+    # A finite number beyond a DOUBLE (1e309), or beyond a declared FLOAT (1e39), would land as
+    # Infinity: no cast fails on it. Cheap test first (a long exponent or run of digits), then
+    # whether the typed document holds an Infinity its text does not (to_json writes it
+    # "Infinity", as it writes that string, escaped inside a STRING holding JSON: so more of them
+    # than the text has).
+    typed = v if declared is None else v.try_cast(sqltypes.plain(cast_type(declared)))
+    rules.append(
+        (
+            value.rlike(BEYOND_FLOAT) & (F.regexp_count(F.to_json(typed), F.lit(r'\\?"-?Infinity\\?"')) > F.regexp_count(value, F.lit("Infinity"))),
+            "a number is beyond what its type holds (a DOUBLE about 1.8e308, a FLOAT about 3.4e38) and would land as "
+            "Infinity; write it as a string, or declare a wider type in source.schema",
+        )
+    )
     expr = F.lit(None).cast("string")
     for condition, message in reversed(rules):
         expr = F.when(condition, F.lit(message) if isinstance(message, str) else message).otherwise(expr)
@@ -111,7 +129,18 @@ def _fits(parts: "Column", dtype: "StructType", path: str) -> list[tuple["Column
                 F.substring(F.to_json(got), 1, 200),
                 F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
             )
-            rules.append((got.isNotNull() & ~F.is_variant_null(got) & got.try_cast(sqltypes.plain(f.dataType)).isNull(), message))
+            cast = got.try_cast(sqltypes.plain(f.dataType))
+            if isinstance(f.dataType, (T.FloatType, T.DoubleType)):
+                # A finite number past the type's range: no cast fails on it, it becomes Infinity.
+                name = f.dataType.simpleString().upper()
+                rules.append(
+                    (
+                        F.abs(cast) == F.lit(float("inf")),
+                        f"a value does not fit source.schema: field {where!r} holds a number beyond the range of {name} "
+                        "(it would land as Infinity); write it as a string, or declare a wider type in source.schema",
+                    )
+                )
+            rules.append((got.isNotNull() & ~F.is_variant_null(got) & cast.isNull(), message))
     return rules
 
 
