@@ -36,6 +36,7 @@ class TextCollector(Collector):
     """The human lines of a run (``materializer run`` on stderr), written to a logger.
 
     One line per event people follow (opened, read, committed, applied, orphans deleted) at INFO,
+    the bindings with nothing to apply counted in one line per epoch,
     each epoch's progress summary at DEBUG; other events are not shown. Tools never read these
     lines (the drill reads the JSON records): the wording may change freely.
     """
@@ -43,6 +44,10 @@ class TextCollector(Collector):
     def __init__(self, logger: logging.Logger | None = None, quiet: bool = False) -> None:
         self.logger = logger or log
         self.quiet = quiet
+        # Per epoch, the bindings that had nothing to apply: one line at its acknowledgement, not
+        # one per binding (a fleet of hundreds of tables with a few busy ones).
+        self._idle: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
         if self.quiet:
@@ -62,6 +67,16 @@ class TextCollector(Collector):
             return f"epoch {event.epoch}: read {event.documents} documents of {event.binding} ({event.extent})"
         if isinstance(event, events.Committed):
             return f"epoch {event.epoch}: committed to the recovery log"
+        if type(event) is events.Applied and event.status == "empty":
+            with self._lock:
+                self._idle[event.epoch] = self._idle.get(event.epoch, 0) + 1
+            return None
+        if isinstance(event, events.Acknowledged):
+            with self._lock:
+                idle = self._idle.pop(event.epoch, 0)
+            if not idle:
+                return None
+            return f"epoch {event.epoch}: {idle} binding{'s' if idle > 1 else ''} had nothing to apply"
         if type(event) is events.Applied:
             extra = f", {event.rows} rows" if event.rows else ""
             return f"epoch {event.epoch}: {event.binding} -> {event.table}: {event.status}{extra}"

@@ -105,6 +105,25 @@ def test_the_text_collector_writes_the_run_lines_people_have_seen(caplog: pytest
     assert caplog.records == []
 
 
+def test_bindings_with_nothing_to_apply_are_one_line_per_epoch(caplog: pytest.LogCaptureFixture) -> None:
+    """A fleet of 200 tables with one busy: 199 "empty" lines an epoch drowned the one that mattered."""
+    logger = logging.getLogger("test-events-idle")
+    text = TextCollector(logger)
+    with caplog.at_level(logging.INFO, logger="test-events-idle"):
+        for epoch, idle in ((3, 199), (4, 1), (5, 0)):
+            text.emit(events.Applied(epoch=epoch, binding="busy", table="/t/busy", status="applied", rows=2))
+            for i in range(idle):
+                text.emit(events.Applied(epoch=epoch, binding=f"b{i}", table=f"/t/b{i}", status="empty"))
+            text.emit(events.Acknowledged(epoch=epoch, first=False, seconds=1.0, at="t"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "epoch 3: busy -> /t/busy: applied, 2 rows",
+        "epoch 3: 199 bindings had nothing to apply",
+        "epoch 4: busy -> /t/busy: applied, 2 rows",
+        "epoch 4: 1 binding had nothing to apply",
+        "epoch 5: busy -> /t/busy: applied, 2 rows",
+    ]
+
+
 def test_a_span_times_its_block_and_says_when_it_raised() -> None:
     sink = ListCollector()
     with sink.span("start_commit", 4):
