@@ -113,6 +113,18 @@ def test_shapes_parse_quoted_names_and_name_problems_are_found() -> None:
     assert "different JSON kinds" in " ".join(shape_problems(parse_shape("OBJECT<a: OBJECT<b: VARIANT>>")))
 
 
+def test_a_fraction_where_a_whole_number_is_declared_is_worded_as_such() -> None:
+    """It read "field 'm[]' is a number but source.schema declares a number"."""
+    from pyspark.sql import types as T
+
+    from materializer.sources.document_schema import kinds_of, misfit
+
+    kinds = kinds_of(T.StructType([T.StructField("m", T.MapType(T.StringType(), T.IntegerType())), T.StructField("n", T.LongType())]))
+    assert misfit({"m": {"a": 1.5}}, kinds, "").startswith("field 'm[]' is a number with a fraction but source.schema declares a whole number")
+    assert misfit({"n": "1"}, kinds, "").startswith("field 'n' is a string but source.schema declares a number")
+    assert misfit({"m": {"a": 1}, "n": 2}, kinds, "") is None
+
+
 def test_a_source_folder_that_does_not_exist_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="source folder .*src does not exist"):
         DocumentsSource(make_binding(tmp_path), LocalStore(str(tmp_path / "staging")))

@@ -110,13 +110,15 @@ def misfit(value: Any, kinds: Kinds, path: str) -> str | None:
                 return problem
         return None
     if type(value) not in kinds:
+        if kinds == (int,) and type(value) is float:  # noqa: E721
+            return _wrong(value, "a whole number", path, found="a number with a fraction")
         wanted = " or ".join(sorted({_JSON_KIND.get(t, t.__name__) for t in kinds}))
         return _wrong(value, wanted, path)
     return None
 
 
-def _wrong(value: Any, wanted: str, path: str) -> str:
-    found = _JSON_KIND.get(type(value), type(value).__name__)
+def _wrong(value: Any, wanted: str, path: str, found: str | None = None) -> str:
+    found = found or _JSON_KIND.get(type(value), type(value).__name__)
     return (
         f"field {path!r} is {found} but source.schema declares {wanted}; fix the document, or change "
         "source.schema (and the table's column type)"
