@@ -196,6 +196,25 @@ def test_scratch_config_moves_what_templates_dead_letters_and_views_would_write(
     assert len(notes) == 1 and "items: prod.items_live" in notes[0] and "templates[0]: prod.orders_{folder}_live" in notes[0]
 
 
+def test_a_fleets_epochs_are_sized_by_its_busiest_binding(tmp_path: Path) -> None:
+    """The smallest binding's fit made every binding take one file (or record) an epoch: a fleet
+    with one big table and a few small ones had rounds of hundreds of epochs."""
+    from materializer.config import load_config
+    from materializer.tools.drill import epoch_sizes, known_bindings
+
+    for folder, files in (("big", 20), ("small", 2)):
+        make_collection(tmp_path / "land" / folder, files=files, per_file=2)
+    cfg = load_config(write_config(tmp_path, [], pipeline_id="fleet", templates=[
+        {"source": {"format": "documents", "folders_in": str(tmp_path / "land")}, "table": str(tmp_path / "t" / "{folder}"), "key": ["id"]}
+    ]))
+    assert epoch_sizes(known_bindings(cfg), DrillOptions(config=tmp_path)).max_files == 4  # 20 files in 5 epochs
+    # A binding that already has enough epochs (20 files, 2 an epoch) keeps everyone's sizes.
+    cfg = load_config(write_config(tmp_path, [], pipeline_id="fleet", templates=[
+        {"source": {"format": "documents", "folders_in": str(tmp_path / "land"), "max_files": 2}, "table": str(tmp_path / "t" / "{folder}"), "key": ["id"]}
+    ]))
+    assert epoch_sizes(known_bindings(cfg), DrillOptions(config=tmp_path)).max_files is None
+
+
 def test_a_fleets_bindings_are_planned_for_from_what_its_templates_find(tmp_path: Path) -> None:
     """With templates, the bindings they make from what is there now are what the drill sizes
     epochs and reckons windows by: two sub-folders are two bindings (between two bindings' applies

@@ -234,33 +234,34 @@ def epoch_sizes(config: PipelineConfig, options: "DrillOptions") -> EpochSizes:
     if given:
         notes.append("epoch sizes as given: " + ", ".join(f"{k} {v}" for k, v in given.items()))
         return EpochSizes(options.max_documents, options.max_files, options.max_records, tuple(notes))
-    max_files: int | None = None
-    max_documents: int | None = None
-    max_records: int | None = None
+    # Per setting, each binding's (count, epochs at the current size). A round has as many epochs
+    # as its busiest binding: the size is chosen so that binding reaches the aim (the smallest
+    # binding's fit would make a fleet's big tables take hundreds of one-record epochs).
+    counted: dict[str, list[tuple[int, int]]] = {"max_files": [], "max_documents": [], "max_records": []}
     for binding in config.bindings:
         source = binding.source
         try:
             if source.format == "documents":
                 files = _documents_files(binding)
-                if files and -(-files // source.max_files) < aim:
-                    fit = max(1, files // aim)
-                    max_files = fit if max_files is None else min(max_files, fit)
+                counted["max_files"].append((files, -(-files // source.max_files)))
                 notes.append(f"{binding.name}: {files} document files, {source.max_files} an epoch")
             elif source.format == "cdcv2" or (source.format == "kafka" and source.payload == "cdcv2"):
                 statements = _cdcv2_statements(binding) if source.format == "cdcv2" else _kafka_records(binding)
-                if statements and -(-statements // config.transaction.max_documents) < aim:
-                    fit = max(1, statements // aim)
-                    max_documents = fit if max_documents is None else min(max_documents, fit)
+                counted["max_documents"].append((statements, -(-statements // config.transaction.max_documents)))
                 notes.append(f"{binding.name}: {statements} CDC v2 statements")
             elif source.format == "kafka":
                 records = _kafka_records(binding)
                 per_epoch = source.max_records or config.transaction.max_documents
-                if records and -(-records // per_epoch) < aim:
-                    fit = max(1, records // aim)
-                    max_records = fit if max_records is None else min(max_records, fit)
+                counted["max_records"].append((records, -(-records // per_epoch)))
                 notes.append(f"{binding.name}: {records} records in its topics")
         except Exception as exc:  # noqa: BLE001 - a source the drill cannot count keeps its sizes
             notes.append(f"{binding.name}: not counted ({str(exc).splitlines()[0][:200]}); its epoch sizes are kept")
+    chosen_sizes = {
+        setting: max(max(1, count // aim) for count, _epochs in found if count)
+        for setting, found in counted.items()
+        if any(count for count, _epochs in found) and max(epochs for _count, epochs in found) < aim
+    }
+    max_files, max_documents, max_records = (chosen_sizes.get(k) for k in ("max_files", "max_documents", "max_records"))
     current = {
         "max_files": [b.source.max_files for b in config.bindings if b.source.format == "documents"],
         "max_documents": [config.transaction.max_documents],
