@@ -62,10 +62,10 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[s
         return {}
     shape = F.schema_of_variant(F.col("__v"))
     good = checked.where(F.col("__problem").isNull())
-    shapes = good.select(shape.alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
-    if len(shapes) > MAX_REFUSED_SHAPES:
+    shapes = _good_shapes(checked)
+    if shapes is None:
         return {}  # the epoch is refused as a whole, naming its first such document
-    problems = {item["shape"]: found for item in shapes if (found := reader.single_problems(parse_shape(item["shape"])))}
+    problems = {name: found for name in shapes if (found := reader.single_problems(parse_shape(name)))}
     if not problems:
         return {}
     # Worded from each shape's first document (a few: each text comes to the driver), else by the
@@ -88,11 +88,18 @@ def each_fits_alone(reader: ShapeJudge, checked: "DataFrame") -> bool:
     mixes JSON kinds still fits: a declared type can take more than one kind (a TIMESTAMP from
     text in one document and from a number in another), and the table's types are the declared
     ones, not the merged shape's."""
+    shapes = _good_shapes(checked)
+    return shapes is not None and not any(reader.single_problems(parse_shape(name)) for name in shapes)
+
+
+def _good_shapes(checked: "DataFrame") -> "list[str] | None":
+    """The distinct shapes of the good documents of ``checked`` (one Spark job); None when there
+    are more than MAX_REFUSED_SHAPES."""
     from pyspark.sql import functions as F
 
     good = checked.where(F.col("__problem").isNull())
     shapes = good.select(F.schema_of_variant(F.col("__v")).alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
-    return len(shapes) <= MAX_REFUSED_SHAPES and not any(reader.single_problems(parse_shape(item["shape"])) for item in shapes)
+    return None if len(shapes) > MAX_REFUSED_SHAPES else [item["shape"] for item in shapes]
 
 
 def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, list[str]] | None":
