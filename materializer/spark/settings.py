@@ -22,6 +22,13 @@ BASE_CONF = {
     # pool of its own (``spark.scheduler.pool``, a session conf Spark hands to the jobs of each SQL
     # execution): FAIR shares the cores between the pools instead of first come, first served.
     "spark.scheduler.mode": "FAIR",
+    # PySpark's DataFrame debugging records the Python call site of every Column function in the
+    # JVM (about seven py4j round trips more per function: the active session, the origin
+    # class, a conf read, the origin set and reset, plus a failed IPython import). An epoch builds
+    # its plans from a few hundred such functions, so it cost about two thirds of the driver's
+    # py4j calls (docs, Performance). Its only use is naming a user's Python line in an analysis
+    # error, and our plans are ours; a config's spark.conf may turn it back on.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 
