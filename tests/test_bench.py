@@ -8,6 +8,7 @@ two extra JVMs and is left to ``materializer bench`` itself.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,38 @@ def test_bindings_bench_times_the_peer_floor_on_the_same_rows(spark: Any, tmp_pa
         peer = delta_rs_list(tmp_path / "peer-2-2" / f"t{index:03d}")
         assert ours and sorted(ours, key=lambda r: r["id"]) == sorted(peer, key=lambda r: r["id"])
     assert any(line.startswith("       1       peer") for line in summary_lines(report))
+
+
+def test_the_job_counter_costs_the_same_however_many_jobs_ran(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``next_job_id`` counts a step's Spark jobs; reading the job groups' whole lists, it cost a
+    py4j call per job the session had run (charged to ours' driver and JVM), so it must search on
+    from the id it found last, and still count every job."""
+    import py4j.clientserver
+
+    from materializer.tools.bench.measurement import JOB_GROUPS, next_job_id
+
+    context = spark.sparkContext  # type: ignore[attr-defined]
+    context.setJobGroup(JOB_GROUPS[0], "the job counter's test")
+    try:
+        for _ in range(30):
+            spark.range(2).collect()  # type: ignore[attr-defined]
+        before = next_job_id(spark)  # type: ignore[arg-type]
+        sent: list[str] = []
+        original = py4j.clientserver.ClientServerConnection.send_command
+
+        def counted(self: Any, command: str) -> Any:
+            sent.append(command)
+            return original(self, command)
+
+        spark.range(2).collect()  # type: ignore[attr-defined]
+        monkeypatch.setattr(py4j.clientserver.ClientServerConnection, "send_command", counted)
+        after = next_job_id(spark)  # type: ignore[arg-type]
+        monkeypatch.undo()
+        deadline = time.monotonic() + 10  # the status tracker hears of a job from the listener bus
+        while after != (before or 0) + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = next_job_id(spark)  # type: ignore[arg-type]
+    finally:
+        context.setJobGroup(None, None)  # type: ignore[arg-type]
+    assert before is not None and after == before + 1
+    assert len(sent) <= 8, f"{len(sent)} py4j commands for one search after {before} jobs"
