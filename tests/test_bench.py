@@ -303,10 +303,10 @@ def test_the_job_counter_costs_the_same_however_many_jobs_ran(spark: Any, monkey
         after = next_job_id(spark)  # type: ignore[arg-type]
         monkeypatch.undo()
         deadline = time.monotonic() + 10  # the status tracker hears of a job from the listener bus
-        while after != (before or 0) + 1 and time.monotonic() < deadline:
+        while (after or 0) < (before or 0) + 1 and time.monotonic() < deadline:
             time.sleep(0.05)
             after = next_job_id(spark)  # type: ignore[arg-type]
     finally:
         context.setJobGroup(None, None)  # type: ignore[arg-type]
-    assert before is not None and after == before + 1
+    assert before is not None and after is not None and after >= before + 1
     assert len(sent) <= 8, f"{len(sent)} py4j commands for one search after {before} jobs"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -141,8 +142,9 @@ JOB_GROUPS: tuple[str | None, ...] = (
 )
 
 
-_NEXT_JOB: dict[int, int] = {}
-"""Per SparkContext, the next job id found last: the search goes on from there."""
+_NEXT_JOB: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+"""Per SparkContext, the next job id found last: the search goes on from there (a context that
+is stopped and garbage-collected takes its entry with it)."""
 
 
 def next_job_id(spark: "SparkSession") -> int | None:
@@ -159,14 +161,14 @@ def next_job_id(spark: "SparkSession") -> int | None:
     try:
         context = spark.sparkContext
         tracker = context.statusTracker()
-        candidate = _NEXT_JOB.get(id(context))
+        candidate = _NEXT_JOB.get(context)
         if candidate is None:
             ids = [i for group in JOB_GROUPS for i in tracker.getJobIdsForGroup(group)]
             candidate = max(ids) + 1 if ids else 0
         # Jobs of other groups (a streaming query's) may be newer: ids are contiguous, so probe on.
         while tracker.getJobInfo(candidate) is not None:
             candidate += 1
-        _NEXT_JOB[id(context)] = max(candidate, _NEXT_JOB.get(id(context), 0))
+        _NEXT_JOB[context] = max(candidate, _NEXT_JOB.get(context, 0))
         return candidate
     except Exception:  # noqa: BLE001 - no status tracker (Spark Connect)
         return None
