@@ -279,8 +279,8 @@ def test_bindings_bench_times_the_peer_floor_on_the_same_rows(spark: Any, tmp_pa
 
 def test_the_job_counter_costs_the_same_however_many_jobs_ran(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``next_job_id`` counts a step's Spark jobs; reading the job groups' whole lists, it cost a
-    py4j call per job the session had run (charged to ours' driver and JVM), so it must search on
-    from the id it found last, and still count every job."""
+    py4j call per job the session had run (charged to ours' driver and JVM), so it must cost a few
+    calls however many jobs ran, and still count every job."""
     import py4j.clientserver
 
     from materializer.tools.bench.measurement import JOB_GROUPS, next_job_id

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -142,40 +141,30 @@ JOB_GROUPS: tuple[str | None, ...] = (
 )
 
 
-_NEXT_JOB: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-"""Per SparkContext, the next job id found last: the search goes on from there (a context that
-is stopped and garbage-collected takes its entry with it)."""
-
-
 def next_job_id(spark: "SparkSession") -> int | None:
     """The id the next Spark job will get: differences count the jobs a step ran.
 
-    Job ids are global and contiguous: the first search starts after the highest id of the job
-    groups the measured code uses, every later one after the id found last, and probes on while
-    the status tracker knows the id. Never the groups' whole lists again: PySpark reads such a
-    list one element per py4j call, so a search cost more with every job the session had run
-    (thousands of calls a step into the bench's second table), charged to ours' driver Python and
-    JVM. What the search costs this process is the bench's own (:data:`OWN_CPU`).
+    Read from the scheduler's own counter: exact at once, in three py4j calls. The status
+    tracker, the fallback, hears of a job only when the listener bus delivers its start, and
+    PySpark reads its lists of a job group's ids one element per py4j call (a search cost more with
+    every job the session had run, charged to ours' driver Python and JVM). What a reading costs
+    this process is the bench's own (:data:`OWN_CPU`).
     """
     started = time.thread_time()
     try:
         context = spark.sparkContext
         try:
-            # The scheduler's own counter (an AtomicInteger py4j hands over as a number): exact at
-            # once, where the status tracker hears of a job only when the listener bus delivers
-            # its start. A bench tool may read Spark's internals; the tracker is the fallback.
+            # An AtomicInteger, which py4j hands over as a number. A bench tool may read Spark's
+            # internals.
             return int(context._jsc.sc().dagScheduler().nextJobId())
         except Exception:  # noqa: BLE001 - another Spark: the status tracker
             pass
         tracker = context.statusTracker()
-        candidate = _NEXT_JOB.get(context)
-        if candidate is None:
-            ids = [i for group in JOB_GROUPS for i in tracker.getJobIdsForGroup(group)]
-            candidate = max(ids) + 1 if ids else 0
+        ids = [i for group in JOB_GROUPS for i in tracker.getJobIdsForGroup(group)]
+        candidate = max(ids) + 1 if ids else 0
         # Jobs of other groups (a streaming query's) may be newer: ids are contiguous, so probe on.
         while tracker.getJobInfo(candidate) is not None:
             candidate += 1
-        _NEXT_JOB[context] = max(candidate, _NEXT_JOB.get(context, 0))
         return candidate
     except Exception:  # noqa: BLE001 - no status tracker (Spark Connect)
         return None
