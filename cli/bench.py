@@ -40,7 +40,11 @@ def bench(
     infer_schema: bool = typer.Option(
         False, "--infer-schema", help="Ours infers each epoch's types instead of using the declared source.schema."
     ),
-    pipelined: bool = typer.Option(True, "--pipelined/--serial", help="Ours applies epoch N while reading N+1."),
+    interleave: bool = typer.Option(
+        True, "--interleave/--path-by-path",
+        help="Epoch by epoch, every path in turn (ours unpipelined); --path-by-path: each path runs all its epochs in turn.",
+    ),
+    pipelined: bool = typer.Option(True, "--pipelined/--serial", help="With --path-by-path: ours applies epoch N while reading N+1."),
     kafka: Optional[str] = typer.Option(
         None, "--kafka", help="Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."
     ),
@@ -113,6 +117,7 @@ def bench(
         keep_data=keep_data,
         declared_schema=not infer_schema,
         deletion_vectors=deletion_vectors,
+        interleave=interleave,
         pipelined=pipelined,
         kafka=kafka,
         spark_conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),

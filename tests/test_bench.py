@@ -186,7 +186,7 @@ def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path
     options = BenchOptions(
         table_rows=[500],
         epoch_rows=[100],
-        epochs=1,
+        epochs=2,
         out=tmp_path,
         recovery=False,  # two JVM start-ups: measured by `materializer bench`, too slow here
         one_row_epoch=False,  # halves the Spark work; its figure is then reported as missing
@@ -200,7 +200,9 @@ def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path
     assert {"machine", "options", "configs", "goals", "peak_memory", "seconds"} <= set(on_disk)
     (config,) = on_disk["configs"]
     assert config["tables_agree"], config["row_counts"]
-    assert config["row_counts"]["expected"] == 500 + 50 - 10
+    assert config["row_counts"]["expected"] == 500 + 2 * (50 - 10)
+    # Interleaved (the default): epoch by epoch, every path in turn, the order turned each epoch.
+    assert config["order"] == [["bare", "ours", "peer"], ["ours", "peer", "bare"]]
 
     ours, bare, peer = config["ours"], config["bare"], config["peer"]
     for block, parts in ((ours, ("read", "stage", "apply", "total")), (bare, ("stage", "merge", "total")), (peer, ("total",))):
@@ -208,7 +210,10 @@ def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path
             assert block[f"median_{part}_seconds"] > 0, (part, block)
         assert block["one_row_seconds"] is None
         assert block["rows_per_second"] == pytest.approx(100 / block["median_total_seconds"])
-    assert [e["epoch"] for e in ours["epochs"]] == [1]
+        # Two big epochs: a mean of two (the median of an even count), and per-epoch CPU the same way.
+        assert block["median_total_seconds"] == pytest.approx(sum(e["total"] for e in block["epochs"]) / 2)
+    assert [e["epoch"] for e in ours["epochs"]] == [e["epoch"] for e in bare["epochs"]] == [e["epoch"] for e in peer["epochs"]] == [1, 2]
+    assert all(e["jvm_cpu"] > 0 for block in (ours, bare, peer) for e in block["epochs"])
     assert ours["median_total_seconds"] == pytest.approx(
         ours["median_read_seconds"] + ours["median_stage_seconds"] + ours["median_apply_seconds"]
     )
@@ -221,7 +226,7 @@ def test_bench_at_a_tiny_size_writes_a_sane_report(spark: object, tmp_path: Path
     assert ratios["ours_over_peer"] == pytest.approx(ours["median_total_seconds"] / peer["median_total_seconds"])
 
     replay = config["replay"]
-    assert replay["statuses"] == ["skipped"] and replay["epoch"] == 1
+    assert replay["statuses"] == ["skipped"] and replay["epoch"] == 2
     assert 0 < replay["reapply_seconds"] < replay["run_seconds"] + 1e-9
     assert on_disk["peak_memory"]["python_rss"] > 0 and on_disk["peak_memory"]["jvm_rss"] > 0
     assert {g["goal"] for g in on_disk["goals"]} >= {"replayed epoch < 1 s"}

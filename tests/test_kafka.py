@@ -361,9 +361,11 @@ def test_the_bench_measures_the_same_documents_from_a_topic(spark: Any, broker: 
     options = BenchOptions(
         table_rows=[500], epoch_rows=[100], epochs=2, out=tmp_path, recovery=False, replay=False, peer=False,
         one_row_epoch=False, warmup=False, mode="test", kafka=broker.bootstrap,
+        interleave=False,  # path by path here; tests/test_bench.py runs the default, interleaved
     )
     report = run_bench(options, spark=spark)
     (config,) = report["configs"]
+    assert "order" not in config
     assert config["tables_agree"] and config["row_counts"]["kafka"] == config["row_counts"]["expected"]
     kafka = config["kafka"]
     assert [e["epoch"] for e in kafka["epochs"]] == [1, 2]  # max_records = the epoch size: the files' epochs

@@ -44,8 +44,11 @@ class BenchOptions:
     declared_schema: bool = True
     """Ours reads with the documents' schema declared (``source.schema``), as bare and peer are
     given it; False makes ours infer each epoch's types (one more Spark pass per epoch)."""
+    interleave: bool = True
+    """Epoch by epoch, every path in turn (ours then runs one epoch per run: nothing pipelined);
+    False: each path runs all its epochs before the next path starts."""
     pipelined: bool = True
-    """Ours applies epoch N while reading N+1 (``transaction.pipelined``)."""
+    """Ours applies epoch N while reading N+1 (``transaction.pipelined``; with ``interleave`` off only)."""
     kafka: str | None = None
     """Bootstrap servers of a Kafka broker: also measure ours reading the same documents from a topic."""
     kafka_partitions: int = 2

@@ -86,6 +86,48 @@ def run_ours(
     return {"seconds": seconds, "epochs": phases, "last_epoch": summary.last_epoch, "config": cfg, "steps": collector.spans.steps}
 
 
+class OursSteps:
+    """Ours one epoch at a time, for the interleaved bench: each :meth:`step` is a run of its own
+    (``max_epochs=1``), so nothing is pipelined, and its Open (the recovery log read, the
+    re-acknowledge of the epoch before, already applied) is charged to the epoch it opens for."""
+
+    name = "ours"
+
+    def __init__(
+        self, spark: "SparkSession", work: Path, source: Path, table: Path, epoch_rows: int, options: "BenchOptions | None" = None,
+        topic: str | None = None,
+    ) -> None:
+        from materializer.config import parse_config
+
+        if topic is not None:
+            self.name = "kafka"
+        self.spark = spark
+        self.cfg = parse_config(pipeline_config(work, source, table, epoch_rows, f"bench-{self.name}", options, topic), "bench")
+        self.collector = OursCollector(spark)  # its span steps add up over the runs
+        self.epochs: list[dict[str, Any]] = []
+        self.seconds = 0.0
+
+    def step(self, index: int, _path: Path | None = None) -> None:
+        from materializer.runtime import Runtime
+
+        collector = self.collector
+        first = len(collector.events)
+        jobs_before = next_job_id(self.spark)
+        started = time.monotonic()
+        summary = Runtime(self.cfg, self.spark, collector).run(max_epochs=1)
+        self.seconds += time.monotonic() - started
+        if summary.last_epoch != index:
+            raise RuntimeError(f"bench: ours' run for epoch {index} ended at epoch {summary.last_epoch}")
+        (phase,) = epoch_phases(collector.events[first:], collector.cpu[first:])
+        end = next((j for e, j in collector.marks if e == index), None)
+        phase["spark_jobs"] = end - jobs_before if end is not None and jobs_before is not None else None
+        self.epochs.append(phase)
+
+    def result(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "epochs": self.epochs, "last_epoch": len(self.epochs), "config": self.cfg,
+                "steps": self.collector.spans.steps}
+
+
 def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:
     """A second run of the drained pipeline: Open re-acknowledges the last epoch, already applied."""
     from materializer.runtime import Runtime
@@ -146,53 +188,70 @@ def _merge(spark: "SparkSession", table: Path, source: "DataFrame") -> Any:
     )
 
 
-def run_bare(spark: "SparkSession", work: Path, files: list[Path], table: Path) -> dict[str, Any]:
-    """Per file: JSON -> last per key -> Parquet (stage), then a plain MERGE of the Parquet (merge)."""
-    schema = input_schema()
-    epochs = []
-    started = time.monotonic()
-    for index, path in enumerate(files, start=1):
-        staged = work / "staged" / f"epoch-{index:06d}"
+class BareSteps:
+    """The bare path one epoch at a time (:meth:`step`): JSON -> last per key -> Parquet (stage),
+    then a plain MERGE of the Parquet (merge)."""
+
+    name = "bare"
+
+    def __init__(self, spark: "SparkSession", work: Path, table: Path) -> None:
+        self.spark, self.work, self.table = spark, work, table
+        self.epochs: list[dict[str, Any]] = []
+        self.seconds = 0.0
+
+    def step(self, index: int, path: Path) -> None:
+        spark = self.spark
+        staged = self.work / "staged" / f"epoch-{index:06d}"
         j0, t0, c0 = next_job_id(spark), time.monotonic(), cpu_seconds()
-        latest_per_key(spark.read.schema(schema).json(str(path))).write.mode("errorifexists").parquet(str(staged))
+        latest_per_key(spark.read.schema(input_schema()).json(str(path))).write.mode("errorifexists").parquet(str(staged))
         j1, t1 = next_job_id(spark), time.monotonic()
-        _merge(spark, table, spark.read.parquet(str(staged)))
+        _merge(spark, self.table, spark.read.parquet(str(staged)))
         j2, t2, c2 = next_job_id(spark), time.monotonic(), cpu_seconds()
         shutil.rmtree(staged, ignore_errors=True)
         jobs = {"stage_jobs": j1 - j0, "merge_jobs": j2 - j1} if None not in (j0, j1, j2) else {}  # type: ignore[operator]
-        cpu = cpu_delta(c0, c2)
-        epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs, **cpu})
-    return {"seconds": time.monotonic() - started, "epochs": epochs}
+        self.seconds += t2 - t0
+        self.epochs.append({"epoch": index, "stage": t1 - t0, "merge": t2 - t1, "total": t2 - t0, **jobs, **cpu_delta(c0, c2)})
+
+    def result(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "epochs": self.epochs}
+
+
+def run_bare(spark: "SparkSession", work: Path, files: list[Path], table: Path) -> dict[str, Any]:
+    """Every file, one epoch each (:class:`BareSteps`)."""
+    bare = BareSteps(spark, work, table)
+    for index, path in enumerate(files, start=1):
+        bare.step(index, path)
+    return bare.result()
 
 
 # --- peer -----------------------------------------------------------------------------------------
 
 
-def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> dict[str, Any]:
-    """Structured Streaming: file source, one file per batch, foreachBatch MERGE with txn ids."""
+def _peer_batches(table: Path, batches: list[dict[str, Any]], cpu_mark: list[tuple[float, ...]]) -> Any:
+    """The peer's ``foreachBatch`` function: Delta's recipe for an idempotent MERGE (the txn confs
+    on the batch's session); each batch's wall and CPU (from ``cpu_mark[0]``) appended to ``batches``."""
     from materializer.delta import TXN_APP_ID, TXN_VERSION
-
-    app_id = "bench-peer"
-    batches: list[dict[str, Any]] = []
 
     def apply(batch: "DataFrame", batch_id: int) -> None:
         t0 = time.monotonic()
         session = batch.sparkSession
-        # Delta's recipe for idempotent foreachBatch MERGE: the txn confs on the batch's session.
-        session.conf.set(TXN_APP_ID, app_id)
+        session.conf.set(TXN_APP_ID, "bench-peer")
         session.conf.set(TXN_VERSION, str(batch_id))
         try:
             _merge(session, table, latest_per_key(batch))
         finally:
             session.conf.unset(TXN_APP_ID)
             session.conf.unset(TXN_VERSION)
-        # CPU from the previous batch's end (the query's start): the trigger's planning included.
         now = cpu_seconds()
         before, cpu_mark[0] = cpu_mark[0], now
         batches.append({"batch_id": batch_id, "foreach_batch": time.monotonic() - t0, **cpu_delta(before, now)})
 
-    cpu_mark = [cpu_seconds()]
-    started = time.monotonic()
+    return apply
+
+
+def _peer_query(spark: "SparkSession", work: Path, source: Path, apply: Any) -> Any:
+    """The peer's query over ``source`` (file source, one file per batch, ``Trigger.AvailableNow``),
+    run to its end; the query, for its progress."""
     query = (
         spark.readStream.schema(input_schema())
         .option("maxFilesPerTrigger", 1)
@@ -203,20 +262,77 @@ def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> di
         .start()
     )
     query.awaitTermination()
-    seconds = time.monotonic() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"peer query failed: {query.exception()}")
+    return query
+
+
+def _peer_epochs(batches: list[dict[str, Any]], query: Any) -> list[dict[str, Any]]:
     triggers: dict[int, float] = {}
     for progress in query.recentProgress:
         data = progress if isinstance(progress, dict) else json.loads(progress.json)
         if int(data.get("numInputRows", 0)) > 0:
             triggers[int(data["batchId"])] = data["durationMs"].get("triggerExecution", 0) / 1000.0
-    epochs = []
-    for batch in batches:
-        total = triggers.get(batch["batch_id"], batch["foreach_batch"])
-        epochs.append({"epoch": batch["batch_id"] + 1, "foreach_batch": batch["foreach_batch"], "total": total,
-                       **{k: v for k, v in batch.items() if k.endswith("_cpu")}})
-    if query.exception() is not None:
-        raise RuntimeError(f"peer query failed: {query.exception()}")
-    return {"seconds": seconds, "epochs": epochs}
+    return [
+        {"epoch": b["batch_id"] + 1, "foreach_batch": b["foreach_batch"], "total": triggers.get(b["batch_id"], b["foreach_batch"]),
+         **{k: v for k, v in b.items() if k.endswith("_cpu")}}
+        for b in batches
+    ]
+
+
+def run_peer(spark: "SparkSession", work: Path, source: Path, table: Path) -> dict[str, Any]:
+    """Structured Streaming: file source, one file per batch, foreachBatch MERGE with txn ids; one
+    query over every file. A batch's CPU runs from the previous batch's end (the query's start):
+    the trigger's planning is included."""
+    batches: list[dict[str, Any]] = []
+    cpu_mark = [cpu_seconds()]
+    started = time.monotonic()
+    query = _peer_query(spark, work, source, _peer_batches(table, batches, cpu_mark))
+    return {"seconds": time.monotonic() - started, "epochs": _peer_epochs(batches, query)}
+
+
+class PeerSteps:
+    """The peer one epoch at a time, for the interleaved bench: each :meth:`step` links the
+    epoch's file into the peer's own source folder and runs the query (``AvailableNow``, one batch)
+    from its checkpoint. A batch's CPU runs from its ``foreachBatch`` start, so the query's start
+    and the trigger's planning are left out: a little in the peer's favour, never in ours'."""
+
+    name = "peer"
+
+    def __init__(self, spark: "SparkSession", work: Path, table: Path) -> None:
+        self.spark, self.work = spark, work
+        self.source = work / "source"
+        self.source.mkdir(parents=True, exist_ok=True)
+        self.batches: list[dict[str, Any]] = []
+        self.cpu_mark: list[tuple[float, ...]] = [cpu_seconds()]
+        self.apply = _peer_batches(table, self.batches, self.cpu_mark)
+        self.epochs: list[dict[str, Any]] = []
+        self.seconds = 0.0
+
+    def step(self, index: int, path: Path) -> None:
+        link = self.source / path.name
+        try:
+            os.link(path, link)  # the same file, its modification time too
+        except OSError:
+            shutil.copy2(path, link)
+        started = time.monotonic()
+        seen = len(self.batches)
+        apply = self.apply
+
+        def timed(batch: "DataFrame", batch_id: int) -> None:
+            self.cpu_mark[0] = cpu_seconds()
+            apply(batch, batch_id)
+
+        query = _peer_query(self.spark, self.work, self.source, timed)
+        self.seconds += time.monotonic() - started
+        if len(self.batches) != seen + 1:
+            raise RuntimeError(f"bench: the peer's query for epoch {index} ran {len(self.batches) - seen} batches, not 1")
+        self.epochs += _peer_epochs(self.batches[seen:], query)
+        if self.epochs[-1]["epoch"] != index:
+            raise RuntimeError(f"bench: the peer's batch for epoch {index} was batch {self.epochs[-1]['epoch'] - 1}")
+
+    def result(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "epochs": self.epochs}
 
 
 # --- recovery -------------------------------------------------------------------------------------

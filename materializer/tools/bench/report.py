@@ -252,7 +252,9 @@ def chart_figure(report: dict[str, Any]) -> Any:
     # Ours as one bar: its phases overlap (epoch N is applied while N+1 is read), so they do not stack.
     ours = [c["ours"].get("median_total_seconds") or 0 for c in configs]
     apply = [c["ours"].get("median_apply_seconds") or 0 for c in configs]
-    left.bar([i - width for i in x], ours, width, color="#4292c6", label="ours: epoch (pipelined)")
+    opts = report.get("options") or {}
+    pipelined = not opts.get("interleave", False) and opts.get("pipelined", True)
+    left.bar([i - width for i in x], ours, width, color="#4292c6", label="ours: epoch (pipelined)" if pipelined else "ours: epoch")
     left.bar([i - width for i in x], apply, width * 0.4, color="#08519c", label="ours: of which apply")
     stage = [c["bare"].get("median_stage_seconds") or 0 for c in configs]
     merge = [c["bare"].get("median_merge_seconds") or 0 for c in configs]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from materializer.tools.bench.inputs import copy_table, generate_collection, produce_topic, seed_table
 from materializer.tools.bench.measurement import MemorySampler
 from materializer.tools.bench.options import BenchOptions, session
-from materializer.tools.bench.paths import run_bare, run_ours, run_peer, run_recovery, run_replay
+from materializer.tools.bench.paths import BareSteps, OursSteps, PeerSteps, run_bare, run_ours, run_peer, run_recovery, run_replay
 from materializer.tools.bench.report import chart, figures, goals, machine, write_json
 
 if TYPE_CHECKING:
@@ -69,24 +69,47 @@ def bench_config(
         for approach in ("ours", "bare", "peer"):
             copy_table(seed, work / approach / "table")
 
-    with phase("bare"):
-        bare = run_bare(spark, work / "bare", collection.files, work / "bare" / "table")
-    with phase("ours"):
-        ours = run_ours(spark, work / "ours", work / "source", work / "ours" / "table", epoch_rows, options)
-    cfg = ours.pop("config")
     kafka = None
+    topic = None
     if options.kafka:
         copy_table(seed, work / "kafka" / "table")
         topic = f"materializer-bench-{root.parent.name}-{name}"
         with phase("kafka: produce"):
             result["kafka_produce_seconds"] = produce_topic(options.kafka, topic, options.kafka_partitions, collection.files)
-        with phase("kafka"):
-            kafka = run_ours(spark, work / "kafka", work / "source", work / "kafka" / "table", epoch_rows, options, topic=topic)
+    if options.interleave:
+        # Epoch by epoch, every path in turn, the order turned each epoch: a slow spell of the
+        # machine, or what one path leaves in the JVM's heap, falls on all of them alike.
+        steppers: list[Any] = [BareSteps(spark, work / "bare", work / "bare" / "table")]
+        steppers.append(OursSteps(spark, work / "ours", work / "source", work / "ours" / "table", epoch_rows, options))
+        if topic is not None:
+            steppers.append(OursSteps(spark, work / "kafka", work / "source", work / "kafka" / "table", epoch_rows, options, topic=topic))
+        if options.peer:
+            steppers.append(PeerSteps(spark, work / "peer", work / "peer" / "table"))
+        result["order"] = []
+        for index, path in enumerate(collection.files, start=1):
+            turn = (index - 1) % len(steppers)
+            result["order"].append([s.name for s in steppers[turn:] + steppers[:turn]])
+            for stepper in steppers[turn:] + steppers[:turn]:
+                with phase(f"{stepper.name}, epoch {index}"):
+                    stepper.step(index, path)
+        results = {s.name: s.result() for s in steppers}
+        bare, ours = results["bare"], results["ours"]
+        kafka, peer = results.get("kafka"), results.get("peer")
+    else:
+        with phase("bare"):
+            bare = run_bare(spark, work / "bare", collection.files, work / "bare" / "table")
+        with phase("ours"):
+            ours = run_ours(spark, work / "ours", work / "source", work / "ours" / "table", epoch_rows, options)
+        if topic is not None:
+            with phase("kafka"):
+                kafka = run_ours(spark, work / "kafka", work / "source", work / "kafka" / "table", epoch_rows, options, topic=topic)
+        peer = None
+        if options.peer:
+            with phase("peer"):
+                peer = run_peer(spark, work / "peer", work / "source", work / "peer" / "table")
+    cfg = ours.pop("config")
+    if kafka is not None:
         kafka.pop("config")
-    peer = None
-    if options.peer:
-        with phase("peer"):
-            peer = run_peer(spark, work / "peer", work / "source", work / "peer" / "table")
     replay = None
     if options.replay:
         with phase("replay"):
