@@ -149,15 +149,22 @@ def bench_config(
     return result
 
 
+WARMUP_ROWS = 100_000
+"""The warm-up's table and epoch: enough rows that the JIT compiles the per-row loops of every
+path (with a 200-row epoch the first big epoch of the run still paid for that, 4-6 CPU s, and
+it fell on whichever path ran first)."""
+
+
 def warmup(spark: "SparkSession", work: Path, options: BenchOptions) -> float:
-    """Every path once on a tiny table; nothing of it is reported but its duration."""
+    """Every path once on a small table; nothing of it is reported but its duration."""
     started = time.monotonic()
-    collection = generate_collection(work / "source", 2_000, 200, 1, (0.5, 0.4, 0.1), options.seed)
-    seed_table(spark, work / "seed", 2_000, options.deletion_vectors)
+    rows = min(WARMUP_ROWS, min(options.epoch_rows))
+    collection = generate_collection(work / "source", max(rows, 2_000), rows, 1, (0.5, 0.4, 0.1), options.seed)
+    seed_table(spark, work / "seed", max(rows, 2_000), options.deletion_vectors)
     for approach in ("ours", "bare", "peer"):
         copy_table(work / "seed", work / approach / "table")
     run_bare(spark, work / "bare", collection.files, work / "bare" / "table")
-    run_ours(spark, work / "ours", work / "source", work / "ours" / "table", 200, options)
+    run_ours(spark, work / "ours", work / "source", work / "ours" / "table", rows, options)
     if options.peer:
         run_peer(spark, work / "peer", work / "source", work / "peer" / "table")
     shutil.rmtree(work, ignore_errors=True)
@@ -186,7 +193,7 @@ def run_bench(
             spark = spark or session(options)
             report["session_seconds"] = time.monotonic() - t0
         if options.warmup:
-            say("warm-up (every path once on a 2k-row table) …")
+            say(f"warm-up (every path once, {min(WARMUP_ROWS, min(options.epoch_rows)):,} documents) …")
             with sampler.phase("warmup"):
                 report["warmup_seconds"] = warmup(spark, root / "data" / "warmup", options)
             say(f"warm-up: {report['warmup_seconds']:.1f}s")
