@@ -361,3 +361,36 @@ def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_p
     status, text = _run(spark, tmp_path, "arrow")
     assert status == "refused"
     assert f"{tmp_path / 'src' / 'a.jsonl'}:2: a value does not fit source.schema: field 'at' holds \"yesterday\"" in text
+
+
+def test_a_small_epoch_takes_the_variant_route_unless_the_conf_picks_one(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """With the conf unset, an epoch under SMALL_EPOCH_BYTES of documents is checked in Spark
+    expressions (no Python worker to start, which Spark stops after a minute idle), a bigger one
+    by the arrow validator; the conf, when set, decides alone. Both land the same rows."""
+    from materializer.runtime import Runtime
+    from materializer.sources import document_route
+    from tests.helpers import binding, delta_rs_rows, table_rows, write_jsonl
+    from tests.test_holes import config_with
+
+    from materializer.sources.json_documents import DocumentReader
+
+    routes: list[str] = []
+    original = DocumentReader.deferred
+    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (routes.append(reader.validator), original(reader, parsed))[1])
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "amount": 1.5}])  # 27 bytes
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": i, "amount": i / 2, "note": "x" * 40} for i in range(2, 12)])  # 600-odd
+    table = tmp_path / "tables" / "items"
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, amount DOUBLE, note STRING", max_files=1)])
+    monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 100)
+    Runtime(config, spark).run()
+    assert routes == ["variant", "arrow"]
+    rows = table_rows(spark, table, ["id"])
+    assert rows == delta_rs_rows(table, ["id"]) and sorted(k[0] for k in rows) == list(range(1, 12))
+    assert rows[(11,)]["amount"] == 5.5 and rows[(1,)] == {"id": 1, "amount": 1.5}  # (NULL fields dropped)
+
+    spark.conf.set(VALIDATOR_CONF, "arrow")
+    try:
+        assert document_route.validator(spark, small=True) == "arrow"
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+    assert document_route.validator(spark, small=True) == "variant" and document_route.validator(spark) == "arrow"

@@ -14,23 +14,38 @@ from typing import Any, Callable
 from materializer.sources import document_check
 from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PREFIX, python_typed
 
-__all__ = ["DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "VALIDATOR_CONF", "deferred", "explain", "typed_fast", "validator"]
+__all__ = [
+    "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
+    "deferred", "explain", "typed_fast", "validator",
+]
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
 """The Spark conf that picks how declared documents are checked: ``arrow`` (this module) or
 ``variant`` (Spark expressions only, :mod:`materializer.sources.documents`)."""
 DEFAULT_VALIDATOR = "arrow"
-"""With a declared schema, unless the conf says otherwise: measured cheaper than the VARIANT route
-(docs, Performance) and held to the same tables and refusals by tests/test_documents_arrow.py."""
+"""With a declared schema, unless the conf says otherwise or the epoch is small: measured cheaper
+than the VARIANT route (docs, Performance) and held to the same tables and refusals by
+tests/test_documents_arrow.py."""
 DRIVER_NEEDS = ("msgspec", "pyarrow", "pandas")
 """What ``mapInArrow`` and the validator need in the driver's Python (PySpark builds the function
 with pandas_udf, which asks for pandas and pyarrow)."""
 
 
-def validator(spark: Any) -> str:
+SMALL_EPOCH_BYTES = 1 << 20
+"""A files epoch under this many bytes of documents takes the VARIANT route unless the conf picks
+a validator: the same tables and refusals, without Spark's Python workers. Spark stops a worker
+idle for a minute, and starting two again cost an epoch 0.85 s of wall and 1.5 s of CPU here (an
+epoch of follow mode after a quiet minute); warm, the two routes cost the same within the noise
+up to 10,000 documents (docs, Performance)."""
+SMALL_EPOCH_RECORDS = 10_000
+"""The same for a topic's epoch, in records (its bytes are known only once read)."""
+
+
+def validator(spark: Any, *, small: bool = False) -> str:
     """The validator the session asks for (:data:`VALIDATOR_CONF`). Unset, the arrow validator
-    when the driver's Python has what it needs, else the VARIANT route: both give the same tables
-    and the same refusals, so the choice is one of cost only."""
+    when the driver's Python has what it needs and the epoch is not ``small``
+    (:data:`SMALL_EPOCH_BYTES`), else the VARIANT route: both give the same tables and the same
+    refusals, so the choice is one of cost only."""
     import importlib.util
 
     from materializer.errors import ConfigError
@@ -38,7 +53,7 @@ def validator(spark: Any) -> str:
     chosen = (spark.conf.get(VALIDATOR_CONF, "") or "").strip().lower()
     missing = [name for name in DRIVER_NEEDS if importlib.util.find_spec(name) is None]
     if not chosen:
-        return DEFAULT_VALIDATOR if not missing else "variant"
+        return DEFAULT_VALIDATOR if not missing and not small else "variant"
     if chosen not in ("arrow", "variant"):
         raise ConfigError(f"Spark conf {VALIDATOR_CONF} is {chosen!r}; it must be 'arrow' or 'variant'")
     if chosen == "arrow" and missing:

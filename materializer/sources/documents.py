@@ -209,9 +209,10 @@ class DocumentsSource(Source):
         )
         change_controlled(reader, self.binding)
         if declared is not None:
-            from materializer.sources.document_route import validator
+            from materializer.sources.document_route import SMALL_EPOCH_BYTES, validator
 
-            reader.validator = validator(spark)
+            size = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0)
+            reader.validator = validator(spark, small=size < SMALL_EPOCH_BYTES)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
         if declared is not None and until is None and self.defer_checks and not reader.sequence_by and not reader.dead_letter:

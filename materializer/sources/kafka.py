@@ -141,10 +141,10 @@ class KafkaSource(KafkaTransport, Source):
             # checked by msgspec on the executors where the session allows it (document_check).
             # Not for debezium (its rows depend on what the epoch's checks find: placeholders,
             # semantic types), sequence_by or dead letters (as for files).
-            from materializer.sources.document_route import validator
+            from materializer.sources.document_route import SMALL_EPOCH_RECORDS, validator
 
             self._release()  # (a replay's records, say)
-            reader.validator = validator(spark)
+            reader.validator = validator(spark, small=plan.records < SMALL_EPOCH_RECORDS)
             documents, verify = reader.deferred(self.parsed(spark, reader, plan))
             lag, words = self.lag(plan)
             return SourceBatch(
