@@ -150,15 +150,20 @@ def bench_config(
 
 
 WARMUP_ROWS = 100_000
-"""The warm-up's table and epoch: enough rows that the JIT compiles the per-row loops of every
-path (with a 200-row epoch the first big epoch of the run still paid for that, 4-6 CPU s, and
-it fell on whichever path ran first)."""
+"""The warm-up's epoch (at most the run's): rows enough for the JIT to see every path's per-row
+loops. With 200 the first big epoch cost the path that ran first 4-6 CPU s more than its others;
+the one run with 100,000 so far (2026-11-28) still showed every path's first big epoch 2-5 CPU s
+above its others, so that is not all the warm-up's to remove."""
+
+
+def warmup_rows(options: BenchOptions) -> int:
+    return min(WARMUP_ROWS, min(options.epoch_rows))
 
 
 def warmup(spark: "SparkSession", work: Path, options: BenchOptions) -> float:
     """Every path once on a small table; nothing of it is reported but its duration."""
     started = time.monotonic()
-    rows = min(WARMUP_ROWS, min(options.epoch_rows))
+    rows = warmup_rows(options)
     collection = generate_collection(work / "source", max(rows, 2_000), rows, 1, (0.5, 0.4, 0.1), options.seed)
     seed_table(spark, work / "seed", max(rows, 2_000), options.deletion_vectors)
     for approach in ("ours", "bare", "peer"):
@@ -193,7 +198,7 @@ def run_bench(
             spark = spark or session(options)
             report["session_seconds"] = time.monotonic() - t0
         if options.warmup:
-            say(f"warm-up (every path once, {min(WARMUP_ROWS, min(options.epoch_rows)):,} documents) …")
+            say(f"warm-up (every path once, {warmup_rows(options):,} documents) …")
             with sampler.phase("warmup"):
                 report["warmup_seconds"] = warmup(spark, root / "data" / "warmup", options)
             say(f"warm-up: {report['warmup_seconds']:.1f}s")
