@@ -101,7 +101,17 @@ def test_keys_from_the_message_and_tombstones_land_the_same_on_both_routes(spark
     assert arrow == variant and arrow[0] == "ok" and arrow[1][0] == 4, arrow
 
 
-def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any, broker: Broker, tmp_path: Path) -> None:
+def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any, broker: Broker, tmp_path: Path, monkeypatch: Any) -> None:
+    """Epochs of up to 60 records; with the small-epoch threshold at 50 records, the full epochs
+    are checked by the arrow validator and the smaller ones in Spark expressions (the conf unset),
+    and the table is exact either way."""
+    from materializer.sources import document_route
+
+    routes: list[str] = []
+    chosen = document_route.validator
+    monkeypatch.setattr(document_route, "validator", lambda spark, small=False: routes.append(chosen(spark, small=small)) or routes[-1])
+    monkeypatch.setattr(document_route, "SMALL_EPOCH_RECORDS", 50)
+    spark.conf.unset(document_route.VALIDATOR_CONF)
     broker.create_topic("declared-e2e", 2)
     table = tmp_path / "tables" / "d"
     config = load_config(write_config(tmp_path, [
@@ -112,13 +122,16 @@ def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any,
     summary = Runtime(config, spark).run()
     assert summary.last_epoch is not None and summary.last_epoch >= 3  # several epochs, each checked in its staging job
     assert sum(e.documents["d"] for e in summary.epochs) == len(docs)  # counted by the staging job's checks
+    assert routes[:2] == ["arrow", "arrow"] and routes[-1] == "variant", routes  # 60, 60, then the rest
     expected = oracle(docs)
     assert table_rows(spark, table, ["id"]) == expected
     assert delta_rs_rows(table, ["id"]) == expected
 
     more = wave(150, 40, range(30, 60), 5)
     produce(broker, "declared-e2e", more, 2)
+    routes.clear()
     Runtime(config, spark).run()
+    assert routes == ["variant"]  # 40 records
     expected = oracle(docs + more)
     assert table_rows(spark, table, ["id"]) == expected
     assert delta_rs_rows(table, ["id"]) == expected
