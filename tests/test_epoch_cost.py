@@ -136,6 +136,45 @@ def test_merge_profile_measures_both_ways_on_tables_that_end_equal(spark: Any, c
 
     merge_profile.main(["--rows", "40", "--merges", "2", "--warmup", "0"])
     lines = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
-    assert [(line[0], " ".join(line[2:-2])) for line in lines] == [("40", "deletion vectors"), ("40", "files rewritten")]
+    assert [(line[0], " ".join(line[2:-2])) for line in lines] == [("40", "deletion vectors"), ("40", "files rewritten"), ("40", "rewritten, interpreted")]
     assert all(float(line[-2]) > 0 and float(line[-1]) > 0 for line in lines)
     assert spark.conf.get(MERGE_DELETION_VECTORS, None) is None
+
+
+def test_a_small_apply_runs_interpreted_and_leaves_the_session_as_it_was(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Below ``transaction.interpreted_below_bytes`` (the table's data files and the staged rows)
+    the MERGE runs without adaptive re-planning and generated code; at ``0``, as the apply session
+    is set; after the apply the session's conf is what it was. The rows are the same."""
+    from materializer.merge.writer import INTERPRETED, DeltaWriter
+
+    session_ways = {"spark.sql.adaptive.enabled": "true", "spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+    assert set(session_ways) == set(INTERPRETED) and all(session_ways[k] != v for k, v in INTERPRETED.items())
+    seen: list[dict[str, Any]] = []
+    writers: list[DeltaWriter] = []
+    init, write = DeltaWriter.__init__, DeltaWriter.write
+
+    def set_up(self: DeltaWriter, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for key, value in session_ways.items():  # (the tests' sessions run interpreted by default)
+            self.apply_spark.conf.set(key, value)
+        writers.append(self)
+
+    def watched(self: DeltaWriter, *args: Any, **kwargs: Any) -> Any:
+        seen.append({key: self.apply_spark.conf.get(key, None) for key in INTERPRETED})
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaWriter, "__init__", set_up)
+    monkeypatch.setattr(DeltaWriter, "write", watched)
+    _two_epochs(tmp_path)
+    small = tmp_path / "tables" / "small"
+    Runtime(config_with(tmp_path, [binding("items", tmp_path / "src", small)]), spark).run()
+    assert seen == [INTERPRETED, INTERPRETED]  # the table's creation, then the second epoch's MERGE
+    assert {key: writers[0].apply_spark.conf.get(key) for key in INTERPRETED} == session_ways
+    _assert_second_epoch(spark, small)
+
+    seen.clear()
+    never = tmp_path / "tables" / "never"
+    config = config_with(tmp_path / "never", [binding("items", tmp_path / "src", never)], transaction={"interpreted_below_bytes": 0})
+    Runtime(config, spark).run()
+    assert seen == [session_ways, session_ways]
+    _assert_second_epoch(spark, never)

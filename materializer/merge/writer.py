@@ -42,6 +42,15 @@ under a unique name and deleted only after the apply), so the copy is pure cost:
 MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 """Whether a MERGE into a table with deletion vectors on writes them (Delta's default, ``true``) or
 rewrites the files it touches (``false``): set per apply by ``transaction.copy_on_write_below_bytes``."""
+INTERPRETED = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""How a small apply's MERGE is planned and run (``transaction.interpreted_below_bytes``): without
+adaptive re-planning (which runs each shuffle stage as a job of its own and plans again between
+them) and without generated code (whose compiling, by Janino and then the JIT, is most of a query's
+CPU on a few thousand rows). The same plan's results either way; Spark's defaults for the rest."""
 CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 CREATION_WAIT_ENV = "MATERIALIZER_CREATION_WAIT_SECONDS"
@@ -111,7 +120,12 @@ class DeltaWriter(TableWrites):
                 # A small table's MERGE rewrites the files it touches: cheaper there than
                 # deletion vectors' extra jobs (transaction.copy_on_write_below_bytes).
                 rewrite = state.size_bytes is not None and state.size_bytes < self.config.transaction.copy_on_write_below_bytes
-                with self.transaction(props, rewrite_files=rewrite), crash.crash_during_spark_job(
+                # A small apply's MERGE runs planned once and interpreted (INTERPRETED), which
+                # costs less there than generating and compiling its code
+                # (transaction.interpreted_below_bytes).
+                table_bytes = state.size_bytes if state.exists else 0
+                interpreted = table_bytes is not None and table_bytes + (staged.bytes if staged else 0) < self.config.transaction.interpreted_below_bytes
+                with self.transaction(props, rewrite_files=rewrite, interpreted=interpreted), crash.crash_during_spark_job(
                     "mid-apply", epoch, self.apply_spark, self.apply_tag, watch=table.location if table.is_path else None
                 ), self.collector.span("merge", epoch, binding.name):
                     metrics = self.write(
@@ -204,9 +218,10 @@ class DeltaWriter(TableWrites):
             )
 
     @contextmanager
-    def transaction(self, props: CommitProperties, *, rewrite_files: bool = False) -> Iterator[None]:
+    def transaction(self, props: CommitProperties, *, rewrite_files: bool = False, interpreted: bool = False) -> Iterator[None]:
         """Within the block, the apply session's Delta commits carry ``props``; with
-        ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors."""
+        ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors;
+        ``interpreted``, its queries run as :data:`INTERPRETED` says."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
         conf.set(TXN_APP_ID, props.txn_app_id)
@@ -214,12 +229,18 @@ class DeltaWriter(TableWrites):
         conf.set(USER_METADATA, props.user_metadata)
         saved = {MATERIALIZE_SOURCE: conf.get(MATERIALIZE_SOURCE, None)}
         conf.set(MATERIALIZE_SOURCE, "none")
-        if rewrite_files:
+        # How the commit's queries run, never what they write: a compute that refuses one of
+        # these confs (a serverless one, say) keeps Spark's and Delta's defaults, same rows.
+        ways = {MERGE_DELETION_VECTORS: "false"} if rewrite_files else {}
+        if interpreted:
+            ways.update(INTERPRETED)
+        for key, value in ways.items():
             try:
-                saved[MERGE_DELETION_VECTORS] = conf.get(MERGE_DELETION_VECTORS, None)
-                conf.set(MERGE_DELETION_VECTORS, "false")
-            except Exception:  # noqa: BLE001 - a compute that refuses the conf: Delta's default, same rows
-                saved.pop(MERGE_DELETION_VECTORS, None)
+                before = conf.get(key, None)
+                conf.set(key, value)
+            except Exception:  # noqa: BLE001
+                continue
+            saved[key] = before
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
