@@ -40,11 +40,12 @@ class TransactionConfig(Model):
     (a catalog table, a Spark Connect server's own path), Delta's default applies."""
     interpreted_below_bytes: int = Field(default=2 * 1024 * 1024, ge=0)
     """An apply whose table's data files and staged rows together hold fewer bytes than this runs
-    its MERGE without adaptive re-planning and without generated code (interpreted): on a few
-    thousand rows, compiling the generated code is most of a query's CPU: a one-row MERGE into a
-    table of 1,000 rows cost 1.57 JVM CPU s instead of 2.31, into one of 300,000 rows (16 MB)
-    2.29 instead of 2.14 (measured in docs: 'Small epochs'). Same rows either way. ``0``: Spark's defaults always. Needs the table's
-    size, as ``copy_on_write_below_bytes`` does."""
+    its MERGE (and a dead-letter table's append of fewer staged bytes) without adaptive re-planning
+    and without generated code (interpreted): on a few thousand rows, compiling the generated code
+    is most of a query's CPU. A one-row MERGE into a table of 1,000 rows cost 1.57 JVM CPU s
+    instead of 2.31, into one of 300,000 rows (16 MB) 2.29 instead of 2.14 (measured in docs:
+    'Small epochs'). Same rows either way. ``0``: Spark's defaults always. Needs the table's size,
+    as ``copy_on_write_below_bytes`` does."""
 
 
 class SparkConfig(Model):

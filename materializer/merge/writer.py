@@ -301,7 +301,8 @@ class DeltaWriter(TableWrites):
                 rows = rows.unionByName(part, allowMissingColumns=True)
             writer = rows.write.format("delta").mode("append").options(**props.writer_options())
             try:
-                with self.transaction(props):
+                # An append reads only the staged rows: interpreted below the same size as an apply's.
+                with self.transaction(props, interpreted=sum(f.bytes for f in staged) < self.config.transaction.interpreted_below_bytes):
                     writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             except Exception as exc:  # noqa: BLE001
                 if is_commit_conflict(exc):
