@@ -145,7 +145,8 @@ def test_a_small_apply_runs_interpreted_and_leaves_the_session_as_it_was(spark: 
     """Below ``transaction.interpreted_below_bytes`` (the table's data files and the staged rows)
     the MERGE runs without adaptive re-planning and generated code; at ``0``, as the apply session
     is set; after the apply the session's conf is what it was. The rows are the same."""
-    from materializer.merge.writer import INTERPRETED, DeltaWriter
+    from materializer.merge.writer import DeltaWriter
+    from materializer.spark.settings import INTERPRETED
 
     session_ways = {"spark.sql.adaptive.enabled": "true", "spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
     assert set(session_ways) == set(INTERPRETED) and all(session_ways[k] != v for k, v in INTERPRETED.items())
@@ -178,3 +179,38 @@ def test_a_small_apply_runs_interpreted_and_leaves_the_session_as_it_was(spark: 
     Runtime(config, spark).run()
     assert seen == [session_ways, session_ways]
     _assert_second_epoch(spark, never)
+
+
+def test_a_small_epochs_staging_runs_interpreted_and_a_bigger_ones_as_the_session_says(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """When every batch of an epoch is small (here: under 100 bytes of documents), its staging
+    jobs run interpreted on the runtime's session; a bigger epoch's as the session is set; after
+    each, the session's conf is what it was."""
+    from materializer.sources import document_route
+    from materializer.spark.settings import INTERPRETED
+    from materializer.staging import StagingArea
+
+    session_ways = {"spark.sql.adaptive.enabled": "true", "spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+    seen: list[tuple[int, dict[str, Any]]] = []
+    stage = StagingArea.stage
+
+    def watched(self: StagingArea, name: str, epoch: int, df: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((epoch, {key: df.sparkSession.conf.get(key, None) for key in INTERPRETED}))
+        return stage(self, name, epoch, df, *args, **kwargs)
+
+    monkeypatch.setattr(StagingArea, "stage", watched)
+    monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 100)
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])  # 18 bytes
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": i, "v": i} for i in range(2, 12)])  # 190-odd
+    table = tmp_path / "tables" / "items"
+    saved = {key: spark.conf.get(key, None) for key in INTERPRETED}
+    for key, value in session_ways.items():
+        spark.conf.set(key, value)
+    try:
+        Runtime(config_with(tmp_path, [binding("items", tmp_path / "src", table)]), spark).run()
+        after = {key: spark.conf.get(key, None) for key in INTERPRETED}
+    finally:
+        for key, value in saved.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+    assert seen == [(1, INTERPRETED), (2, session_ways)]
+    assert after == session_ways
+    assert sorted(k[0] for k in delta_rs_rows(table, ["id"])) == list(range(1, 12))

@@ -26,6 +26,7 @@ from materializer.merge.failures import cause, refused
 from materializer.merge.writes import TableWrites
 from materializer.progress import Collector
 from materializer.protocol import ApplyResult, StagedFile
+from materializer.spark import settings as spark_settings
 from materializer.staging import StagingArea
 
 if TYPE_CHECKING:
@@ -42,15 +43,6 @@ under a unique name and deleted only after the apply), so the copy is pure cost:
 MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 """Whether a MERGE into a table with deletion vectors on writes them (Delta's default, ``true``) or
 rewrites the files it touches (``false``): set per apply by ``transaction.copy_on_write_below_bytes``."""
-INTERPRETED = {
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-}
-"""How a small apply's MERGE is planned and run (``transaction.interpreted_below_bytes``): without
-adaptive re-planning (which runs each shuffle stage as a job of its own and plans again between
-them) and without generated code (whose compiling, by Janino and then the JIT, is most of a query's
-CPU on a few thousand rows). The same plan's results either way; Spark's defaults for the rest."""
 CREATION_WAIT_SECONDS = 120
 """How long an apply whose CREATE TABLE found the table waits for the other creator's commit."""
 CREATION_WAIT_ENV = "MATERIALIZER_CREATION_WAIT_SECONDS"
@@ -120,7 +112,7 @@ class DeltaWriter(TableWrites):
                 # A small table's MERGE rewrites the files it touches: cheaper there than
                 # deletion vectors' extra jobs (transaction.copy_on_write_below_bytes).
                 rewrite = state.size_bytes is not None and state.size_bytes < self.config.transaction.copy_on_write_below_bytes
-                # A small apply's MERGE runs planned once and interpreted (INTERPRETED), which
+                # A small apply's MERGE runs planned once and interpreted (spark.settings.INTERPRETED), which
                 # costs less there than generating and compiling its code
                 # (transaction.interpreted_below_bytes).
                 table_bytes = state.size_bytes if state.exists else 0
@@ -221,7 +213,7 @@ class DeltaWriter(TableWrites):
     def transaction(self, props: CommitProperties, *, rewrite_files: bool = False, interpreted: bool = False) -> Iterator[None]:
         """Within the block, the apply session's Delta commits carry ``props``; with
         ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors;
-        ``interpreted``, its queries run as :data:`INTERPRETED` says."""
+        ``interpreted``, its queries run as :data:`materializer.spark.settings.INTERPRETED` says."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
         conf.set(TXN_APP_ID, props.txn_app_id)
@@ -229,23 +221,18 @@ class DeltaWriter(TableWrites):
         conf.set(USER_METADATA, props.user_metadata)
         saved = {MATERIALIZE_SOURCE: conf.get(MATERIALIZE_SOURCE, None)}
         conf.set(MATERIALIZE_SOURCE, "none")
-        # How the commit's queries run, never what they write: a compute that refuses one of
-        # these confs (a serverless one, say) keeps Spark's and Delta's defaults, same rows.
-        ways = {MERGE_DELETION_VECTORS: "false"} if rewrite_files else {}
-        if interpreted:
-            ways.update(INTERPRETED)
-        for key, value in ways.items():
+        if rewrite_files:
             try:
-                before = conf.get(key, None)
-                conf.set(key, value)
-            except Exception:  # noqa: BLE001
-                continue
-            saved[key] = before
+                saved[MERGE_DELETION_VECTORS] = conf.get(MERGE_DELETION_VECTORS, None)
+                conf.set(MERGE_DELETION_VECTORS, "false")
+            except Exception:  # noqa: BLE001 - a compute that refuses the conf: Delta's default, same rows
+                saved.pop(MERGE_DELETION_VECTORS, None)
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
         try:
-            yield
+            with spark_settings.interpreted(self.apply_spark, on=interpreted):
+                yield
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
                 conf.unset(key)

@@ -12,6 +12,7 @@ from materializer.delta import quote
 from materializer.progress import Collector, utc_now
 from materializer.protocol import Driver, Flush, Load, StartCommit, StartedCommit, Store
 from materializer.sources import Source, SourceBatch
+from materializer.spark.settings import interpreted
 from materializer.staging import StagingArea
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class EpochStager:
         if not self.config.transaction.pipelined:
             return {}
         prestaged = {}
-        with _explained(batches), self.collector.span("prestage", epoch):
+        with _explained(batches), self.collector.span("prestage", epoch), interpreted(self.spark, on=small(batches)):
             for name, batch in batches.items():
                 binding = self.config.binding(name)
                 if batch.documents is not None and reductions.independent_of_table(binding):
@@ -112,7 +113,7 @@ class EpochStager:
 
         names = [name for name in batches if only is None or name in only]
         prestaged = prestaged or {}
-        with _explained(batches):
+        with _explained(batches), interpreted(self.spark, on=small(batches)):
             # --- Load / Flush / Loaded / Flushed ---
             for name in names:
                 binding = self.config.binding(name)
@@ -165,6 +166,13 @@ class EpochStager:
                 dead_letters=getattr(batch, "rejected_count", 0) or 0,
             )
         )
+
+
+def small(batches: dict[str, SourceBatch]) -> bool:
+    """Whether an epoch's staging jobs run interpreted: every batch of it is small
+    (:attr:`SourceBatch.small`). Decided for the whole epoch, on the runtime's session, which its
+    bindings' staging shares (the applies run in sessions of their own)."""
+    return bool(batches) and all(batch.small for batch in batches.values())
 
 
 def advanced(checkpoint: dict[str, Any], batches: dict[str, SourceBatch]) -> dict[str, Any]:

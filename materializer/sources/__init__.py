@@ -54,6 +54,10 @@ class SourceBatch:
     """``on_invalid: dead_letter``: the documents that failed the checks (``source``, ``line``,
     ``reason``, ``document``), left out of ``documents``; None when there are none."""
     rejected_count: int = 0
+    small: bool = False
+    """The batch is small (a files epoch under ``SMALL_EPOCH_BYTES`` of documents, a topic's under
+    ``SMALL_EPOCH_RECORDS`` records): when every batch of an epoch is, its staging jobs run
+    interpreted (``materializer.spark.settings.INTERPRETED``)."""
 
 
 class Source(ABC):

@@ -208,11 +208,11 @@ class DocumentsSource(Source):
             columns=self._columns,
         )
         change_controlled(reader, self.binding)
-        if declared is not None:
-            from materializer.sources.document_route import SMALL_EPOCH_BYTES, validator
+        from materializer.sources.document_route import SMALL_EPOCH_BYTES, validator
 
-            size = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0)
-            reader.validator = validator(spark, small=size < SMALL_EPOCH_BYTES)
+        small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
+        if declared is not None:
+            reader.validator = validator(spark, small=small)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
         if declared is not None and until is None and self.defer_checks and not reader.sequence_by and not reader.dead_letter:
@@ -225,7 +225,7 @@ class DocumentsSource(Source):
             documents, verify = reader.deferred(parsed)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
-                explain=reader.explain, lag=lag, verify=verify,
+                explain=reader.explain, lag=lag, verify=verify, small=small,
             )
         count, schema = reader.check(parsed)
         if reader.bad_files:
@@ -242,4 +242,5 @@ class DocumentsSource(Source):
             description=plan.description(),
             explain=reader.explain,
             lag=lag,
+            small=small,
         )

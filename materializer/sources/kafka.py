@@ -134,22 +134,23 @@ class KafkaSource(KafkaTransport, Source):
             self._held = None
 
     def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False) -> SourceBatch:
+        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, validator
+
         reader = self.reader(spark, checkpoint)
+        small = plan.records < SMALL_EPOCH_RECORDS
         if defer and reader.declared is not None and reader.payload == "documents" and not reader.sequence_by and not reader.dead_letter and reader.unrouted is None:
             # The types are known before reading: the checks ride along with the staging job, as
             # the documents source's do (one read of the range and one parse per epoch, not two),
             # checked by msgspec on the executors where the session allows it (document_check).
             # Not for debezium (its rows depend on what the epoch's checks find: placeholders,
             # semantic types), sequence_by or dead letters (as for files).
-            from materializer.sources.document_route import SMALL_EPOCH_RECORDS, validator
-
             self._release()  # (a replay's records, say)
-            reader.validator = validator(spark, small=plan.records < SMALL_EPOCH_RECORDS)
+            reader.validator = validator(spark, small=small)
             documents, verify = reader.deferred(self.parsed(spark, reader, plan))
             lag, words = self.lag(plan)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=self._described(plan) + words,
-                explain=reader.explain, lag=lag, verify=verify,
+                explain=reader.explain, lag=lag, verify=verify, small=small,
             )
         try:
             # The checks' job, then the staging job (and the dead letters'): the range is read
@@ -180,6 +181,7 @@ class KafkaSource(KafkaTransport, Source):
             description=self._described(plan) + words,
             explain=reader.explain,
             lag=lag,
+            small=small,
         )
 
     @staticmethod

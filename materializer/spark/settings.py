@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 # Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
@@ -30,6 +35,43 @@ BASE_CONF = {
     # error, and our plans are ours; a config's spark.conf may turn it back on.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
+
+
+INTERPRETED = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""How a small epoch's queries are planned and run (its staging jobs, and its MERGE below
+``transaction.interpreted_below_bytes``): without adaptive re-planning (which runs each shuffle
+stage as a job of its own and plans again between them) and without generated code (whose
+compiling, by Janino and then the JIT, is most of a query's CPU on a few thousand rows). The same
+plan's results either way; Spark's defaults for the rest (docs, Performance: 'Small applies')."""
+
+
+@contextmanager
+def interpreted(session: "SparkSession", on: bool = True) -> Iterator[None]:
+    """Within the block (when ``on``), ``session``'s queries run as :data:`INTERPRETED` says; its
+    conf is put back after, unset where it was unset. A conf the compute refuses (a serverless one,
+    say) keeps its value: how queries run, never what they write."""
+    conf = session.conf if on else None
+    saved: dict[str, Any] = {}
+    for key, value in INTERPRETED.items() if conf is not None else ():
+        try:
+            before = conf.get(key, None)
+            conf.set(key, value)
+        except Exception:  # noqa: BLE001
+            continue
+        saved[key] = before
+    try:
+        yield
+    finally:
+        for key, before in saved.items():
+            assert conf is not None
+            if before is None:
+                conf.unset(key)
+            else:
+                conf.set(key, before)
 
 
 # s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session

@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from materializer.merge.writer import INTERPRETED, MATERIALIZE_SOURCE, MERGE_DELETION_VECTORS
+from materializer.merge.writer import MATERIALIZE_SOURCE, MERGE_DELETION_VECTORS
+from materializer.spark.settings import INTERPRETED
 
 MODES: dict[str, dict[str, str]] = {
     "deletion vectors": {MERGE_DELETION_VECTORS: "true"},
