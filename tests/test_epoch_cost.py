@@ -202,15 +202,44 @@ def test_a_small_epochs_staging_runs_interpreted_and_a_bigger_ones_as_the_sessio
     write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])  # 18 bytes
     write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": i, "v": i} for i in range(2, 12)])  # 190-odd
     table = tmp_path / "tables" / "items"
-    saved = {key: spark.conf.get(key, None) for key in INTERPRETED}
+    session = spark.newSession()  # the runtime's session here: the shared one's settings stay the tests'
     for key, value in session_ways.items():
-        spark.conf.set(key, value)
-    try:
-        Runtime(config_with(tmp_path, [binding("items", tmp_path / "src", table)]), spark).run()
-        after = {key: spark.conf.get(key, None) for key in INTERPRETED}
-    finally:
-        for key, value in saved.items():
-            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+        session.conf.set(key, value)
+    Runtime(config_with(tmp_path, [binding("items", tmp_path / "src", table)]), session).run()
     assert seen == [(1, INTERPRETED), (2, session_ways)]
-    assert after == session_ways
+    assert {key: session.conf.get(key, None) for key in INTERPRETED} == session_ways
     assert sorted(k[0] for k in delta_rs_rows(table, ["id"])) == list(range(1, 12))
+
+
+def test_interpreted_blocks_on_one_session_leave_it_as_it_was_however_they_interleave() -> None:
+    """Two pipelines' staging on one session in two threads: each block puts back only what it
+    finds still as it set it, so the session ends as it began in either order of exits."""
+    from materializer.spark.settings import INTERPRETED, interpreted
+
+    class Conf:
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {"spark.sql.adaptive.enabled": "true"}
+
+        def get(self, key: str, default: Any = None) -> Any:
+            return self.values.get(key, default)
+
+        def set(self, key: str, value: str) -> None:
+            self.values[key] = value
+
+        def unset(self, key: str) -> None:
+            self.values.pop(key, None)
+
+    class Session:
+        conf = Conf()
+
+    for first_out in (True, False):
+        session = Session()
+        session.conf = Conf()
+        before = dict(session.conf.values)
+        a, b = interpreted(session), interpreted(session)  # type: ignore[arg-type]
+        a.__enter__()
+        b.__enter__()
+        assert all(session.conf.get(key) == value for key, value in INTERPRETED.items())
+        (a if first_out else b).__exit__(None, None, None)
+        (b if first_out else a).__exit__(None, None, None)
+        assert session.conf.values == before, first_out

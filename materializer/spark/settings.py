@@ -52,8 +52,10 @@ plan's results either way; Spark's defaults for the rest (docs, Performance: 'Sm
 @contextmanager
 def interpreted(session: "SparkSession", on: bool = True) -> Iterator[None]:
     """Within the block (when ``on``), ``session``'s queries run as :data:`INTERPRETED` says; its
-    conf is put back after, unset where it was unset. A conf the compute refuses (a serverless one,
-    say) keeps its value: how queries run, never what they write."""
+    conf is put back after, unset where it was unset, unless someone changed it meanwhile (two
+    blocks on one session in two threads, however they interleave, leave it as it was before both).
+    A conf the compute refuses (a serverless one, say) keeps its value: how queries run, never what
+    they write."""
     conf = session.conf if on else None
     saved: dict[str, Any] = {}
     for key, value in INTERPRETED.items() if conf is not None else ():
@@ -68,6 +70,8 @@ def interpreted(session: "SparkSession", on: bool = True) -> Iterator[None]:
     finally:
         for key, before in saved.items():
             assert conf is not None
+            if conf.get(key, None) != INTERPRETED[key]:
+                continue  # changed meanwhile: the one who changed it puts it back
             if before is None:
                 conf.unset(key)
             else:

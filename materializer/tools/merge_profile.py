@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="merge-profile-"))
     spark.conf.set(MATERIALIZE_SOURCE, "none")  # as the materializer's applies run
     modes = {name: conf for name, conf in MODES.items() if not args.only or any(o in name for o in args.only)}
+    own = {key: spark.conf.get(key, None) for conf in modes.values() for key in conf}
     print(f"{'rows':>10} {'MB':>8}  {'way':<22} {'JVM CPU s':>9} {'wall s':>7}   (epochs of {args.epoch_rows} rows)")
     try:
         for n in args.rows or [1000, 100_000, 1_000_000]:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                     if i >= args.warmup:
                         seconds[mode].append((jvm_cpu() - cpu, time.perf_counter() - wall))
                     for key in modes[mode]:
-                        spark.conf.unset(key)
+                        # Back to the session's own (set where the session was built, or unset).
+                        spark.conf.unset(key) if own[key] is None else spark.conf.set(key, own[key])
             for mode, measured in seconds.items():
                 cpu_s = statistics.median(c for c, _ in measured)
                 wall_s = statistics.median(w for _, w in measured)
@@ -96,7 +98,6 @@ def main(argv: list[str] | None = None) -> None:
                     raise SystemExit(f"{n} rows: the tables differ after the same MERGEs")
     finally:
         spark.conf.unset(MATERIALIZE_SOURCE)
-        spark.conf.unset(MERGE_DELETION_VECTORS)
         shutil.rmtree(root, ignore_errors=True)
 
 
