@@ -221,17 +221,14 @@ class DeltaWriter(TableWrites):
         conf.set(USER_METADATA, props.user_metadata)
         saved = {MATERIALIZE_SOURCE: conf.get(MATERIALIZE_SOURCE, None)}
         conf.set(MATERIALIZE_SOURCE, "none")
-        if rewrite_files:
-            try:
-                saved[MERGE_DELETION_VECTORS] = conf.get(MERGE_DELETION_VECTORS, None)
-                conf.set(MERGE_DELETION_VECTORS, "false")
-            except Exception:  # noqa: BLE001 - a compute that refuses the conf: Delta's default, same rows
-                saved.pop(MERGE_DELETION_VECTORS, None)
         # A tag (this thread's, on the apply session) names the MERGE's Spark work: what job groups
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
         try:
-            with spark_settings.interpreted(self.apply_spark, on=interpreted):
+            # How the commit's queries run, not what they write (a compute that refuses these
+            # confs keeps Delta's and Spark's defaults, same rows).
+            ways = {MERGE_DELETION_VECTORS: "false"} if rewrite_files else {}
+            with spark_settings.session_confs(self.apply_spark, {**ways, **(spark_settings.INTERPRETED if interpreted else {})}):
                 yield
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):

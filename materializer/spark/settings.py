@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
@@ -50,15 +50,14 @@ plan's results either way; Spark's defaults for the rest (docs, Performance: 'Sm
 
 
 @contextmanager
-def interpreted(session: "SparkSession", on: bool = True) -> Iterator[None]:
-    """Within the block (when ``on``), ``session``'s queries run as :data:`INTERPRETED` says; its
-    conf is put back after, unset where it was unset, unless someone changed it meanwhile (two
-    blocks on one session in two threads, however they interleave, leave it as it was before both).
-    A conf the compute refuses (a serverless one, say) keeps its value: how queries run, never what
-    they write."""
-    conf = session.conf if on else None
+def session_confs(session: "SparkSession", values: dict[str, str]) -> Iterator[None]:
+    """Within the block, ``session``'s conf holds ``values``; each is put back after, unset where
+    it was unset, unless someone changed it meanwhile (two blocks on one session in two threads,
+    however they interleave, leave it as it was before both). A conf the compute refuses (a
+    serverless one, say) keeps its value: for settings of how queries run, never what they write."""
+    conf = session.conf if values else None
     saved: dict[str, Any] = {}
-    for key, value in INTERPRETED.items() if conf is not None else ():
+    for key, value in values.items() if conf is not None else ():
         try:
             before = conf.get(key, None)
             conf.set(key, value)
@@ -70,12 +69,18 @@ def interpreted(session: "SparkSession", on: bool = True) -> Iterator[None]:
     finally:
         for key, before in saved.items():
             assert conf is not None
-            if conf.get(key, None) != INTERPRETED[key]:
+            if conf.get(key, None) != values[key]:
                 continue  # changed meanwhile: the one who changed it puts it back
             if before is None:
                 conf.unset(key)
             else:
                 conf.set(key, before)
+
+
+def interpreted(session: "SparkSession", on: bool = True) -> AbstractContextManager[None]:
+    """Within the block (when ``on``), ``session``'s queries run as :data:`INTERPRETED` says
+    (:func:`session_confs`)."""
+    return session_confs(session, INTERPRETED if on else {})
 
 
 # s3a's credential chain, in the order boto3 looks: explicit keys in the environment (with a session
