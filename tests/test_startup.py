@@ -228,6 +228,36 @@ def test_the_jvm_relay_drops_only_its_known_notices(capfd: pytest.CaptureFixture
     assert capfd.readouterr().err == "Exception in thread main: a real error\n26/11/21 WARN Something: later\n"
 
 
+def test_the_jvm_relay_drops_a_cancelled_python_workers_broken_pipe_and_nothing_else(capfd: pytest.CaptureFixture[str]) -> None:
+    """A task cancelled because another task of its job failed (a refused document) leaves its
+    Python worker with a closed socket, and pyspark's daemon prints that as a traceback of its own
+    frames: dropped, also when two workers' tracebacks interleave. A traceback with any other line
+    (another frame, another error) passes whole and in order; -v shows everything."""
+    from materializer.spark import jvm
+
+    daemon = '  File "/x/pyspark.zip/pyspark/daemon.py", line {}, in {}\n'
+    cancelled = "Traceback (most recent call last):\n" + daemon.format(262, "manager") + daemon.format(95, "worker") + "BrokenPipeError: [Errno 32] Broken pipe\n"
+    other = (
+        "Traceback (most recent call last):\n" + daemon.format(262, "manager")
+        + '  File "/x/materializer/sources/document_check.py", line 9, in run\n    raise RuntimeError(MISSING)\n'
+        + "RuntimeError: msgspec is missing\n"
+    )
+    interleaved = "".join(a + b for a, b in zip(cancelled.splitlines(True), cancelled.splitlines(True)))
+    source_lines = (
+        "Traceback (most recent call last):\n" + daemon.format(262, "manager") + "    code = worker(sock, authenticated)\n"
+        + "           ^^^^^^^^^^^^^^^^^^^^^^^^^^\n" + daemon.format(95, "worker") + "ConnectionResetError: [Errno 104] Connection reset by peer\n"
+    )
+    for verbose, expected in ((False, "before\n" + other + "after\n"), (True, "before\n" + cancelled + interleaved + other + source_lines + "after\n")):
+        read_end, write_end = os.pipe()
+        relay = jvm._Relay(read_end, verbose=verbose)
+        relay.release()
+        for text in ("before\n", cancelled, interleaved, other, source_lines, "after\n"):
+            os.write(write_end, text.encode())
+        os.close(write_end)
+        relay._thread.join(timeout=10)
+        assert capfd.readouterr().err == expected
+
+
 # --- a quiet start (a real session in a subprocess) -----------------------------------------------
 
 

@@ -80,6 +80,14 @@ logger.writejob.level = fatal
 # binding. Neither is anything a user can act on; `-v` shows them.
 _JVM_NOTICES = (b"WARNING: Using incubator modules", b"SLF4J: ")
 
+# A Python worker whose task Spark cancelled (another task of its job failed: a refused document's
+# cast, say) finds its socket closed, and pyspark's daemon prints the broken pipe as a traceback of
+# its own frames. The run's error says what failed; this says nothing a user can act on (`-v`
+# shows it). Any other line inside such a block lets the whole block through.
+_WORKER_TRACEBACK = b"Traceback (most recent call last):"
+_WORKER_FRAME = re.compile(rb'^  File ".*pyspark/daemon\.py", line \d+, in \w+\r?\n$')
+_WORKER_ERROR = re.compile(rb"^(BrokenPipeError|ConnectionResetError): \[Errno \d+\] [^\r\n]*\r?\n$")
+
 
 def java_command() -> str:
     """The ``java`` Spark's launcher will run: ``$JAVA_HOME/bin/java``, else the one on PATH."""
@@ -192,12 +200,44 @@ class _Relay:
         self.verbose = verbose
         self._lock = threading.Lock()
         self._pending: list[bytes] | None = []
+        self._block: list[bytes] = []
+        self._open = 0
         self._thread = threading.Thread(target=self._run, args=(read_end,), name="materializer-jvm-output", daemon=True)
         self._thread.start()
 
     def _emit(self, line: bytes) -> None:
-        if not self.verbose and line.startswith(_JVM_NOTICES):
-            return
+        if not self.verbose:
+            if line.startswith(_JVM_NOTICES):
+                return
+            if self._worker_block(line):
+                return
+        self._write(line)
+
+    def _worker_block(self, line: bytes) -> bool:
+        """Whether ``line`` is held as part of a cancelled Python worker's traceback (dropped when
+        the block ends as one: tracebacks of two workers may interleave line by line)."""
+        if line.startswith(_WORKER_TRACEBACK):
+            self._block.append(line)
+            self._open += 1
+            return True
+        if self._block and (_WORKER_FRAME.match(line) or line.startswith(b"    ")):  # a frame, its source line
+            self._block.append(line)
+            return True
+        if self._block and _WORKER_ERROR.match(line):
+            self._open -= 1
+            if self._open:
+                self._block.append(line)
+            else:
+                self._block = []  # every traceback held ended as a cancelled worker's: dropped
+            return True
+        if self._block:  # something else: what was held was not only that
+            held, self._block, self._open = self._block, [], 0
+            for kept in held:
+                self._write(kept)
+        return False
+
+    @staticmethod
+    def _write(line: bytes) -> None:
         try:
             os.write(2, line)
         except OSError:  # stderr closed: keep draining all the same
@@ -211,6 +251,10 @@ class _Relay:
                         self._pending.append(line)
                         continue
                 self._emit(line)
+        with self._lock:
+            held, self._block = self._block, []  # the JVM's output ended inside a block: say it
+            for line in held:
+                self._write(line)
 
     def release(self) -> None:
         with self._lock:
