@@ -80,6 +80,10 @@ class TextCollector(Collector):
         if type(event) is events.Applied:
             extra = f", {event.rows} rows" if event.rows else ""
             return f"epoch {event.epoch}: {event.binding} -> {event.table}: {event.status}{extra}"
+        if isinstance(event, events.DeadLettersApplied) and event.status == "applied" and event.rows:
+            # Documents set aside: said where they went, or a run with refused lines reads as clean.
+            letters = f"{event.rows} dead letter{'s' if event.rows != 1 else ''}"
+            return f"epoch {event.epoch}: {event.binding} -> {event.table}: {letters} appended (file:line or offset, reason, text)"
         if isinstance(event, events.OrphansDeleted):
             return f"deleted {event.files} orphaned staged files"
         return None

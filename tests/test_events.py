@@ -96,6 +96,7 @@ def test_the_text_collector_writes_the_run_lines_people_have_seen(caplog: pytest
         (logging.INFO, "epoch 3: read 5 documents of a (f-003.jsonl)"),
         (logging.INFO, "epoch 3: committed to the recovery log"),
         (logging.INFO, "epoch 3: a -> /t/a: applied, 4 rows"),
+        (logging.INFO, "epoch 3: a -> /t/a__dead_letters: 1 dead letter appended (file:line or offset, reason, text)"),
         (logging.DEBUG, _progress().record.summary()),
     ]
     caplog.clear()
@@ -121,6 +122,22 @@ def test_bindings_with_nothing_to_apply_are_one_line_per_epoch(caplog: pytest.Lo
         "epoch 4: busy -> /t/busy: applied, 2 rows",
         "epoch 4: 1 binding had nothing to apply",
         "epoch 5: busy -> /t/busy: applied, 2 rows",
+    ]
+
+
+def test_dead_letters_appended_are_a_line_of_their_own(caplog: pytest.LogCaptureFixture) -> None:
+    """A run that set documents aside says how many and where: its table's line alone reads as clean."""
+    logger = logging.getLogger("test-events-dead")
+    text = TextCollector(logger)
+    with caplog.at_level(logging.INFO, logger="test-events-dead"):
+        text.emit(events.Applied(epoch=1, binding="t", table="/t/t", status="applied", rows=1799998))
+        text.emit(events.DeadLettersApplied(epoch=1, binding="t", table="/t/t_dead_letters", status="applied", rows=2))
+        text.emit(events.DeadLettersApplied(epoch=2, binding="t", table="/t/t_dead_letters", status="applied", rows=1))
+        text.emit(events.DeadLettersApplied(epoch=3, binding="t", table="/t/t_dead_letters", status="skipped", rows=1))
+    assert [r.getMessage() for r in caplog.records] == [
+        "epoch 1: t -> /t/t: applied, 1799998 rows",
+        "epoch 1: t -> /t/t_dead_letters: 2 dead letters appended (file:line or offset, reason, text)",
+        "epoch 2: t -> /t/t_dead_letters: 1 dead letter appended (file:line or offset, reason, text)",
     ]
 
 
