@@ -12,6 +12,7 @@ document behind a problem of the epoch's merged shape. Both run Spark jobs for s
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from materializer.columns import SEQ
@@ -30,6 +31,16 @@ WORDED_SHAPES = 100
 MAX_REFUSED_SHAPES = 10_000
 """The distinct document shapes of an epoch looked at for ones that do not fit the declared schema
 alone; an epoch of more is refused as a whole, naming its first such document."""
+
+
+log = logging.getLogger("materializer")
+
+
+def rereading(uri: str, small: bool) -> None:
+    """Say, for an epoch of more than a few documents, that the error path reads it again: on a
+    big file that takes about as long as the staging job did, and the error comes after."""
+    if not small:
+        log.info("%s: the staging job found documents to check more closely; reading the epoch again to name any refused (file and line)", uri)
 
 
 class ShapeJudge(Protocol):

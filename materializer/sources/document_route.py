@@ -86,6 +86,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     from pyspark.sql import types as T
 
     from materializer.errors import SourceError
+    from materializer.sources.document_refusals import rereading
     from materializer.sources.variant_shape import parse_shape
     from materializer.sources.json_text import parse_one
 
@@ -131,6 +132,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         reader.fast = int(row["fast"])
         shape = row["shape"]
         if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
+            rereading(reader.store.uri, reader.small)
             reader.check(parsed)  # the VARIANT route over every document names the refused ones
             if not row["bad"]:
                 # The merged shape mixes kinds the declared types take each of (a TIMESTAMP from

@@ -211,6 +211,7 @@ class DocumentsSource(Source):
         from materializer.sources.document_route import SMALL_EPOCH_BYTES, validator
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
+        reader.small = small
         if declared is not None:
             reader.validator = validator(spark, small=small)
         parsed = reader.parsed(plan)

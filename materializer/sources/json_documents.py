@@ -39,7 +39,7 @@ from materializer import sqltypes
 from materializer.errors import SourceError
 from materializer.dead_letters import rejected_rows, split
 from materializer.columns import OP, SEQ
-from materializer.sources.document_refusals import LINE_SHOWN, each_fits_alone, first_misfit, refused_shapes, why
+from materializer.sources.document_refusals import LINE_SHOWN, each_fits_alone, first_misfit, refused_shapes, rereading, why
 from materializer.sources.document_rules import EXACT_DIGITS, problem_column
 from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
 from materializer.sources.document_shapes import (
@@ -122,6 +122,8 @@ class DocumentReader:
         """How :meth:`deferred` checks: ``variant`` (Spark expressions) or ``arrow``
         (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
+        self.small = True
+        """Whether the epoch is small (``SourceBatch.small``): a bigger one's error path says it reads again."""
         self.shape_refusals: dict[str, str] = {}
         """With a declared schema: the document shapes (``schema_of_variant``)
         that do not fit the schema alone (an undeclared field, a kind the declared type cannot take,
@@ -473,6 +475,7 @@ class DocumentReader:
         the refused documents (a Spark job, error path only); None when they refuse none."""
         if self.deferred_documents is None:
             return None
+        rereading(self.store.uri, self.small)
         try:
             self.check(self.deferred_documents)
         except SourceError as found:
