@@ -396,8 +396,7 @@ def test_a_small_epoch_takes_the_variant_route_unless_the_conf_picks_one(spark: 
     assert document_route.validator(spark, small=True) == "variant" and document_route.validator(spark) == "arrow"
 
 
-@pytest.mark.parametrize("bad", ['{"id": 9, "colour": "red"}', '{"id": 9, "address": {"n": 3000000000}}'])  # verify's find; a failed cast
-def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tmp_path: Path, monkeypatch: Any, caplog: Any, bad: str) -> None:
+def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
     """Naming a refused document reads the epoch again (the full checks, then its lines
     numbered): on a big file that is as long as the staging job was, so the run says so first,
     found by the staging job's checks or by its failed cast alike. A small epoch's error comes
@@ -407,11 +406,14 @@ def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tm
     from materializer.sources import document_route
 
     monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 200)
-    for folder, count, said in (("big", 8, True), ("small", 0, False)):
+    cast = '{"id": 9, "address": {"n": 3000000000}}'  # fails the staging job's cast
+    undeclared = '{"id": 9, "colour": "red"}'  # found by its checks
+    for folder, count, bad, said in (("big-cast", 8, cast, True), ("big", 8, undeclared, True), ("small", 0, undeclared, False)):
         write(tmp_path / folder / "src" / "a.jsonl", ['{"id": 1, "amount": 2.5, "note": "fine"}'] * count + [bad])
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="materializer"):
             status, text = _run(spark, tmp_path / folder, "arrow")
         assert status == "refused" and f"a.jsonl:{count + 1}: " in text, text
         rereads = [r.getMessage() for r in caplog.records if "reading the epoch again" in r.getMessage()]
-        assert rereads == ([f"{tmp_path / folder / 'src'}: the staging job found documents to check more closely; reading the epoch again to name any refused (file and line)"] if said else []), rereads
+        expected = f"{tmp_path / folder / 'src'}: the staging job found documents to check more closely; reading the epoch again to name any refused (file and line)"
+        assert rereads == ([expected] if said else []), (folder, rereads)
