@@ -34,6 +34,7 @@ from materializer.sources.cdcv2_progress import (
 )
 from materializer.sources.cdcv2_reader import CdcV2Reader, Scan
 from materializer.sources.cdcv2_statements import lookup, statements
+from materializer.sources.line_numbers import with_line_numbers
 from materializer.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -133,7 +134,6 @@ class CdcV2Source(CdcV2Reader):
         that reads its file: the checkpoint's ``dead_lettered`` names the files whose malformed
         statements are in the dead-letter table (few: only files holding one), and a file is
         immutable once it appears (see the docs). Only those files are read again, numbered."""
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         done = sorted((checkpoint or {}).get("dead_lettered") or [])
@@ -149,10 +149,8 @@ class CdcV2Source(CdcV2Reader):
         raw = spark.read.text([store.spark_path(n) for n in sorted(set(new.values()))]).select(
             "value", path.alias("file"), F.col("_metadata.file_block_start").alias("block"), F.monotonically_increasing_id().alias("row")
         )
-        # Numbered as the error path numbers them (blank lines counted), one file per window.
-        lines = raw.select(
-            "value", "file", F.row_number().over(Window.partitionBy("file").orderBy("block", "row")).alias("line")
-        ).where(F.trim("value") != "")
+        # Numbered as the error path numbers them (blank lines counted; no sort: line_numbers).
+        lines = with_line_numbers(raw, "line", ("file", "block", "row")).select("value", "file", "line").where(F.trim("value") != "")
         rejected = self._rejected(statements(lines, self.binding.key), scan).select(
             lookup({uri: f"{store.uri.rstrip('/')}/{name}" for uri, name in new.items()}, F.col("file")).alias("source"),
             F.col("line").cast("long").alias("line"),

@@ -50,6 +50,7 @@ from materializer.sources.document_shapes import (
 )
 from materializer.sources.document_types import cast_type, typed, with_void
 from materializer.sources.json_text import parse_one
+from materializer.sources.line_numbers import with_line_numbers
 from materializer.sources.variant_shape import Shape, parse_shape
 from materializer.storage import Store
 
@@ -164,14 +165,9 @@ class DocumentReader:
         )
 
     def numbered(self, name: str) -> "DataFrame":
-        """One file's lines with their numbers (1-based), in one partition: the error path and a
-        part-read file of a previous version's checkpoint only."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        text = self._text([name])
-        order = Window.orderBy(F.col(f"{SEQ}.block"), F.col(f"{SEQ}.row"))
-        return text.select(F.col("value"), F.row_number().over(order).alias("line"))
+        """One file's lines with their numbers (1-based; :mod:`line_numbers`, no sort): the error
+        path and a part-read file of a previous version's checkpoint only."""
+        return with_line_numbers(self._text([name]), "line").select("value", "line")
 
     def parsed(self, plan: Any) -> "DataFrame":
         """The epoch's documents as VARIANTs, from ``plan`` (the documents source's: its ``files``, and
@@ -435,14 +431,12 @@ class DocumentReader:
 
         Numbered as the error path numbers them: the lines of their files only, in file order
         (blank lines counted), a part-read file's lines carrying their number already."""
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         assert self.lines is not None
         file = F.col(f"{SEQ}.file")
-        order = Window.partitionBy(file).orderBy(F.col(f"{SEQ}.block"), F.col(f"{SEQ}.row"))
-        lines = self.lines.where(file.isin(self.bad_files)).withColumn(
-            "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.row_number().over(order))
+        lines = with_line_numbers(self.lines.where(file.isin(self.bad_files)), "__n").withColumn(
+            "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.col("__n"))
         )
         checked = self.checked(self._with_variant(lines))
         _good, bad = split(checked)
