@@ -18,6 +18,7 @@ from .recover import recover
 from .run import run
 from .schema import schema
 from .status import status
+from .validate import validate
 
 app = typer.Typer(
     name="materializer",
@@ -45,7 +46,7 @@ def _main(
 
 
 # In the order `materializer --help` lists them.
-for command in (run, status, schema, bench, drill, recover, backfill):
+for command in (run, status, validate, schema, bench, drill, recover, backfill):
     app.command()(command)
 
 

@@ -57,7 +57,7 @@ def test_there_is_a_module_per_command() -> None:
     from materializer_cli.main import app
 
     commands = {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
-    assert commands == {"run", "status", "schema", "bench", "drill", "recover", "backfill"}
+    assert commands == {"run", "status", "validate", "schema", "bench", "drill", "recover", "backfill"}
     for command in app.registered_commands:
         module = command.callback.__module__  # type: ignore[union-attr]
         assert module == f"materializer_cli.{command.callback.__name__}", module  # type: ignore[union-attr]
