@@ -241,6 +241,11 @@ class Driver(ABC):
         no call for its timeout, an hour by default). Called on a clock from a thread of the
         runtime's own, while the run works and while a following run waits for input."""
 
+    def idle(self) -> None:  # noqa: B027 - optional
+        """A following run (``materializer run --follow``) found no new input and waits for some;
+        every epoch is applied. A driver may use the wait to get ready for the next epoch, in the
+        background (:meth:`close` ends what it started)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; nothing durable depends on it (a crash skips it)."""
 

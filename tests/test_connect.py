@@ -86,6 +86,14 @@ def test_standard_and_delta_updates_equal_the_oracle_and_a_rerun_is_skipped(conn
     assert [r.status for r in again.reapplied.results] == ["skipped", "skipped"]
     assert table_state(spark, TableRef(str(tmp_path / "tables" / "items")), config.pipeline_id).version == version
 
+    # A following run's read ahead of a table's snapshot (in a session cloned for it) works over Connect.
+    from materializer.merge import SnapshotWarmer
+
+    warmer = SnapshotWarmer(events)
+    warmer.warm(spark, TableRef(str(tmp_path / "tables" / "items")), 3, "items")
+    warmer.close()
+    assert [(e["epoch"], e["ok"]) for e in events.named("span") if e["name"] == "warm_snapshot"] == [(3, True)]
+
 
 @pytest.mark.slow
 def test_a_forced_replay_merge_is_skipped_by_delta_and_the_txn_confs_stay_in_the_apply_session(

@@ -243,3 +243,64 @@ def test_interpreted_blocks_on_one_session_leave_it_as_it_was_however_they_inter
         (a if first_out else b).__exit__(None, None, None)
         (b if first_out else a).__exit__(None, None, None)
         assert session.conf.values == before, first_out
+
+
+def _cached_versions(spark: Any, table: Path) -> set[int]:
+    """The versions of ``table`` whose snapshot Delta holds reconstructed (its cached 'Delta Table
+    State #N - <table>/_delta_log' datasets): what a MERGE of the next epoch starts from."""
+    suffix = f" - {table.resolve().as_uri()}/_delta_log"
+    names = [str(rdd.name()) for rdd in spark.sparkContext._jsc.getPersistentRDDs().values()]
+    return {int(n[len("Delta Table State #"):-len(suffix)]) for n in names if n.startswith("Delta Table State #") and n.endswith(suffix)}
+
+
+def test_a_following_run_reads_the_applied_tables_new_snapshot_ahead_while_it_waits(spark: Any, tmp_path: Path) -> None:
+    """In a following run's wait for input, each table applied since the last wait has its new
+    version's snapshot reconstructed (docs: Performance, 'Freshness'), so the next MERGE starts
+    from it; a run that drains its sources reads nothing ahead; a failed read ahead is ignored."""
+    from deltalake import DeltaTable
+
+    from materializer.delta import TableRef
+    from materializer.events import Span
+    from materializer.merge import SnapshotWarmer
+    from materializer.progress import ListCollector
+
+    def warmed(collector: ListCollector) -> dict[int, bool]:
+        return {s.epoch: s.ok for s in collector.of(Span) if s.name == "warm_snapshot" and s.epoch is not None}
+
+    # Drained: no read ahead, and the last version's snapshot is not reconstructed by anyone.
+    write_jsonl(tmp_path / "d" / "src" / "a.jsonl", [{"id": 1, "v": 1}])
+    write_jsonl(tmp_path / "d" / "src" / "b.jsonl", [{"id": 1, "v": 2}])
+    drained = ListCollector()
+    Runtime(config_with(tmp_path / "d", [binding("t", tmp_path / "d" / "src", tmp_path / "d" / "t")]), spark, drained).run()
+    assert warmed(drained) == {}
+    assert DeltaTable(str(tmp_path / "d" / "t")).version() not in _cached_versions(spark, tmp_path / "d" / "t")
+
+    # Following: after epoch 1 is applied and the poll finds nothing, its snapshot is read ahead;
+    # then a file arrives, epoch 2 is applied, and read ahead in the next wait.
+    src, table = tmp_path / "f" / "src", tmp_path / "f" / "t"
+    write_jsonl(src / "a.jsonl", [{"id": 1, "v": 1}, {"id": 2, "v": 1}])
+    config = config_with(tmp_path / "f", [binding("t", src, table)], transaction={"poll_interval_seconds": 0.05})
+    collector = ListCollector()
+    calls = {"n": 0}
+
+    def arrive_then_stop() -> bool:
+        calls["n"] += 1
+        done = warmed(collector)
+        if 1 in done and not (src / "b.jsonl").exists():
+            write_jsonl(src / "b.jsonl", [{"id": 2, "v": 2}, {"id": 3, "v": 2}])
+        return 2 in done or calls["n"] > 600
+
+    summary = Runtime(config, spark, collector).run(follow=True, should_stop=arrive_then_stop)
+    assert summary.last_epoch == 2
+    assert warmed(collector) == {1: True, 2: True}
+    version = DeltaTable(str(table)).version()
+    assert version in _cached_versions(spark, table)
+    assert delta_rs_rows(table, ["id"]) == {(1,): {"id": 1, "v": 1}, (2,): {"id": 2, "v": 2}, (3,): {"id": 3, "v": 2}}
+
+    # A read ahead that fails (no such table) is a head start lost, not an error; a closed warmer takes no more.
+    missing = ListCollector()
+    warmer = SnapshotWarmer(missing)
+    warmer.warm(spark, TableRef(str(tmp_path / "nowhere")), 3, "t")
+    warmer.close()
+    warmer.warm(spark, TableRef(str(table)), 4, "t")
+    assert warmed(missing) == {3: False}

@@ -16,7 +16,7 @@ from materializer.errors import ConfigError
 from materializer.driver.open_checks import OpenChecks
 from materializer.driver.table_fit import TableFit
 from materializer.option_changes import table_options
-from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter
+from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, SnapshotWarmer
 from materializer.staging import StagingArea
 from materializer.side_by_side import run_each
 from materializer.progress import Collector
@@ -92,6 +92,10 @@ class DeltaDriver(Driver):
         self.table_fit = TableFit(spark, staging)
         """The epoch's rows against their tables, before StartCommit (and the tables' facts, kept)."""
         self._lock = threading.Lock()
+        self._warmer: SnapshotWarmer | None = None
+        """Following runs only (:meth:`idle`): applied tables' snapshots read ahead."""
+        self._applied: "dict[str, tuple[SparkSession, int, str]]" = {}
+        """Tables applied since the last :meth:`idle`: the session that applied, epoch, binding."""
         self._shared_session = self.apply_spark is spark
         """No isolated session here (pyspark 4.0's Connect client): applies stay one at a time."""
         if self.parallel > 1:
@@ -153,6 +157,9 @@ class DeltaDriver(Driver):
                 with self._lock:
                     self._txn_proven.add(binding.name)
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
+            if result.status == "applied":
+                with self._lock:  # its new snapshot is read ahead if the run waits for input (idle)
+                    self._applied[binding.table] = (writer.apply_spark, epoch, binding.name)
             return result
 
         def between_tables(_binding: BindingConfig, _result: ApplyResult, unfinished: int) -> None:
@@ -202,6 +209,25 @@ class DeltaDriver(Driver):
         self._written |= {name for name, staged in message.driver_checkpoint.staged.items() if staged is not None}
         self._acknowledged = epoch
         return Acknowledged(epoch=epoch, results=results)
+
+    def idle(self) -> None:
+        """While a following run waits for input: the new snapshots of the tables applied since
+        the last wait are read ahead (:class:`~materializer.merge.SnapshotWarmer`), so the next
+        epoch's MERGEs start from them. Only in waits: while epochs come back to back, the
+        applies keep the cores busy and a read ahead would only compete with them."""
+        with self._lock:
+            applied, self._applied = self._applied, {}
+        if applied and self._warmer is None:
+            self._warmer = SnapshotWarmer(self.collector)
+        for table, (session, epoch, binding) in applied.items():
+            assert self._warmer is not None
+            self._warmer.warm(session, TableRef(table), epoch, binding)
+
+    def close(self) -> None:
+        """Stop reading snapshots ahead: none is read after the run returns."""
+        warmer, self._warmer = self._warmer, None
+        if warmer is not None:
+            warmer.close()
 
     def keep_alive(self) -> None:
         """Touch every Spark Connect session this driver holds (one config read each): the server

@@ -7,6 +7,8 @@ The package, one job a module (each imports only those listed after it):
   a conflict, skipped on a replay; truncate, dead letters, the txn confs probed and proven;
 * :mod:`~materializer.merge.writes`: that one commit: CREATE, append or MERGE (:func:`merge_sql`),
   the rows aligned to the table (:func:`align`);
+* :mod:`~materializer.merge.warm`: :class:`SnapshotWarmer`, a following run's tables' new snapshots
+  read ahead, in the wait for the next epoch;
 * :mod:`~materializer.merge.failures`: a Spark failure said in a line, the refused epoch's way out;
 * :mod:`~materializer.merge.commit`: :class:`CommitProperties`, Delta's conflicts registered as types.
 """
@@ -22,10 +24,11 @@ from materializer.merge.writer import (
     DeltaWriter,
     creation_wait_seconds,
 )
+from materializer.merge.warm import SnapshotWarmer
 from materializer.merge.writes import TableWrites, align, merge_sql
 
 __all__ = [
     "CONCURRENT_RETRIES", "CREATION_WAIT_ENV", "CREATION_WAIT_SECONDS", "DEAD_LETTER_SUFFIX", "MATERIALIZE_SOURCE",
-    "CommitProperties", "DeltaWriter", "TableWrites", "align", "creation_wait_seconds", "merge_sql",
+    "CommitProperties", "DeltaWriter", "SnapshotWarmer", "TableWrites", "align", "creation_wait_seconds", "merge_sql",
     "register_conflict_types",
 ]

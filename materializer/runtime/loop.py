@@ -131,6 +131,7 @@ class Runtime:
                 if not batches:
                     if not follow:
                         break
+                    self.driver.idle()
                     time.sleep(self.config.transaction.poll_interval_seconds)
                     continue
 
