@@ -42,7 +42,6 @@ class SnapshotWarmer:
         self._queued: dict[str, Future[None]] = {}
         self._closed = False
         self._spark: "SparkSession | None" = None
-        self._of: "SparkSession | None" = None
 
     def warm(self, spark: "SparkSession", table: TableRef, epoch: int, binding: str) -> None:
         """Plan a read of ``table`` in ``spark``, soon; a table already waiting is not queued twice."""
@@ -63,11 +62,11 @@ class SnapshotWarmer:
             log.debug("reading ahead the snapshot of %s failed: %s", table.location, exc)
 
     def _session(self, spark: "SparkSession") -> "SparkSession":
-        """A session of the warmer's own beside ``spark`` (its cluster, Delta's cache of logs),
+        """A session of the warmer's own beside the first ``spark`` (its cluster, Delta's cache of logs),
         running its queries interpreted (:data:`~materializer.spark.settings.INTERPRETED`): the
         reconstruction of a snapshot is a few small jobs, whose generated code would cost more to
         compile than it saves; the session's own settings stay as they are."""
-        if self._spark is None or self._of is not spark:
+        if self._spark is None:  # one for the run: Delta's cache of logs is the JVM's, whichever session reads
             from materializer.spark import isolated_session
             from materializer.spark.settings import INTERPRETED
 
@@ -78,7 +77,7 @@ class SnapshotWarmer:
                         session.conf.set(key, value)
                     except Exception:  # noqa: BLE001 - a compute that refuses a conf keeps its own
                         pass
-            self._spark, self._of = session, spark
+            self._spark = session
         return self._spark
 
     def close(self) -> None:
