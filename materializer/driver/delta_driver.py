@@ -140,6 +140,8 @@ class DeltaDriver(Driver):
         append per dead-letter table (:meth:`_dead_letter_groups`), under the same txn id."""
         epoch = message.epoch
         checkpoint = message.driver_checkpoint
+        if self._warmer is not None:
+            self._warmer.drop_queued()  # the wait is over: the applies, not read-aheads, have the cores
         covered = [binding for binding in self.config.bindings if binding.name in checkpoint.staged]
         # A binding with nothing this epoch gets no commit: its table records its last epoch with rows.
         todo = [binding for binding in covered if checkpoint.commits_to(binding.name)]

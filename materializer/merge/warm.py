@@ -50,6 +50,14 @@ class SnapshotWarmer:
                 return
             self._queued[table.location] = self._executor.submit(self._warm, spark, table, epoch, binding)
 
+    def drop_queued(self) -> None:
+        """An epoch's applies begin: the warms not started are dropped (the one running ends),
+        so reading ahead never competes with the applies beyond one table."""
+        with self._lock:
+            for future in self._queued.values():
+                future.cancel()
+            self._queued.clear()
+
     def _warm(self, spark: "SparkSession", table: TableRef, epoch: int, binding: str) -> None:
         with self._lock:
             self._queued.pop(table.location, None)
@@ -85,7 +93,5 @@ class SnapshotWarmer:
         for a small table), so nothing of this run reads a table after it returns."""
         with self._lock:
             self._closed = True
-            for future in self._queued.values():
-                future.cancel()
-            self._queued.clear()
+        self.drop_queued()
         self._executor.shutdown(wait=True)
