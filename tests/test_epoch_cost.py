@@ -297,6 +297,11 @@ def test_a_following_run_reads_the_applied_tables_new_snapshot_ahead_while_it_wa
     assert version in _cached_versions(spark, table)
     assert delta_rs_rows(table, ["id"]) == {(1,): {"id": 1, "v": 1}, (2,): {"id": 2, "v": 2}, (3,): {"id": 3, "v": 2}}
 
+    # Started again, a following run reads its tables ahead at its first wait, before any apply.
+    again, polls = ListCollector(), iter(range(600))
+    Runtime(config, spark, again).run(follow=True, should_stop=lambda: bool(warmed(again)) or next(polls, None) is None)
+    assert warmed(again) == {2: True}
+
     # A read ahead that fails (no such table) is a head start lost, not an error; a closed warmer takes no more.
     missing = ListCollector()
     warmer = SnapshotWarmer(missing)

@@ -95,7 +95,8 @@ class DeltaDriver(Driver):
         self._warmer: SnapshotWarmer | None = None
         """Following runs only (:meth:`idle`): applied tables' snapshots read ahead."""
         self._applied: "dict[str, tuple[SparkSession, int, str]]" = {}
-        """Tables applied since the last :meth:`idle`: the session that applied, epoch, binding."""
+        """Tables applied since the last :meth:`idle` (at Open: those with rows): the session that
+        applied, epoch, binding."""
         self._shared_session = self.apply_spark is spark
         """No isolated session here (pyspark 4.0's Connect client): applies stay one at a time."""
         if self.parallel > 1:
@@ -115,6 +116,10 @@ class DeltaDriver(Driver):
             self._written = set(message.driver_checkpoint.written) | {
                 name for name, f in message.driver_checkpoint.staged.items() if f is not None
             }
+        with self._lock:  # tables with rows: read ahead at a following run's first wait too (idle)
+            for binding in self.config.bindings:
+                if binding.name in self._written:
+                    self._applied.setdefault(binding.table, (self.apply_spark, message.last_epoch, binding.name))
         files, datasets = self.staging_area.delete_unreferenced(message.driver_checkpoint, self.fence_check)
         if files:
             self.collector.emit(events.OrphansDeleted(files=files, datasets=datasets))
