@@ -94,9 +94,8 @@ class DeltaDriver(Driver):
         self._lock = threading.Lock()
         self._warmer: SnapshotWarmer | None = None
         """Following runs only (:meth:`idle`): applied tables' snapshots read ahead."""
-        self._applied: "dict[str, tuple[SparkSession, int, str]]" = {}
-        """Tables applied since the last :meth:`idle` (at Open: those with rows): the session that
-        applied, epoch, binding."""
+        self._applied: dict[str, tuple[int, str]] = {}
+        """Tables applied since the last :meth:`idle` (at Open: those with rows): epoch, binding."""
         self._shared_session = self.apply_spark is spark
         """No isolated session here (pyspark 4.0's Connect client): applies stay one at a time."""
         if self.parallel > 1:
@@ -119,7 +118,7 @@ class DeltaDriver(Driver):
         with self._lock:  # tables with rows: read ahead at a following run's first wait too (idle)
             for binding in self.config.bindings:
                 if binding.name in self._written:
-                    self._applied.setdefault(binding.table, (self.apply_spark, message.last_epoch, binding.name))
+                    self._applied.setdefault(binding.table, (message.last_epoch, binding.name))
         files, datasets = self.staging_area.delete_unreferenced(message.driver_checkpoint, self.fence_check)
         if files:
             self.collector.emit(events.OrphansDeleted(files=files, datasets=datasets))
@@ -166,7 +165,7 @@ class DeltaDriver(Driver):
             self.collector.emit(events.Applied.of(result, epoch=epoch, seconds=time.monotonic() - began))
             if result.status == "applied":
                 with self._lock:  # its new snapshot is read ahead if the run waits for input (idle)
-                    self._applied[binding.table] = (writer.apply_spark, epoch, binding.name)
+                    self._applied[binding.table] = (epoch, binding.name)
             return result
 
         def between_tables(_binding: BindingConfig, _result: ApplyResult, unfinished: int) -> None:
@@ -226,9 +225,9 @@ class DeltaDriver(Driver):
             applied, self._applied = self._applied, {}
         if applied and self._warmer is None:
             self._warmer = SnapshotWarmer(self.collector)
-        for table, (session, epoch, binding) in applied.items():
+        for table, (epoch, binding) in applied.items():
             assert self._warmer is not None
-            self._warmer.warm(session, TableRef(table), epoch, binding)
+            self._warmer.warm(self.apply_spark, TableRef(table), epoch, binding)
 
     def close(self) -> None:
         """Stop reading snapshots ahead: none is read after the run returns."""
