@@ -315,3 +315,39 @@ def test_dead_letters_committed_before_on_invalid_was_changed_still_land_once(sp
     _source(tmp_path / "src", "b.jsonl", ["broken again"])
     with pytest.raises(SourceError, match="b.jsonl:1"):
         Runtime(failing, spark).run()
+
+
+@pytest.mark.spark
+def test_an_epoch_the_validator_finds_all_fast_is_staged_in_one_job_and_the_others_keep_their_dead_letters(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a declared schema and the arrow validator, a dead-letter binding's epoch whose every
+    document the validator finds fast (none can be a dead letter) is checked by its staging job,
+    as ``fail``'s epochs are, instead of a check job of its own first; an epoch with a bad
+    document, or a valid one the validator leaves to the VARIANT route, keeps the dead letters'
+    path. The tables and dead letters are the same (read by Spark and delta-rs)."""
+    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.json_documents import DocumentReader
+    from tests.helpers import delta_rs_rows
+
+    paths: list[str] = []
+    deferred, check = DocumentReader.deferred, DocumentReader.check
+    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
+    monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
+    table = tmp_path / "tables" / "items"
+    _source(tmp_path / "src", "a.jsonl", ['{"id": 1, "v": "a"}', '{"id": 2, "v": "b", "n": 7}'])
+    _source(tmp_path / "src", "b.jsonl", ['{"id": 3, "v": "c"}', '{"id": 4, "n": "seven"}', '{"id": 2, "_meta": {"op": "d"}}'])
+    # Valid, but an escaped ':' keeps a document from being fast (the validator counts colons).
+    _source(tmp_path / "src", "c.jsonl", ['{"id": 5, "v": "x\\u003ay"}'])
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, v STRING, n INT", on_invalid="dead_letter")])
+    spark.conf.set(VALIDATOR_CONF, "arrow")  # (these small files would take the VARIANT route)
+    try:
+        Runtime(config, spark).run()
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+    assert paths == ["staging job", "check job", "check job"]
+    expected = {(1,): {"id": 1, "v": "a"}, (3,): {"id": 3, "v": "c"}, (5,): {"id": 5, "v": "x:y"}}
+    assert table_rows(spark, table, ["id"]) == expected == delta_rs_rows(table, ["id"])
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(e, f, line) for _b, e, f, line, _r, _d in dead] == [(2, "b.jsonl", 2)]
+    assert "field 'n' holds \"seven\", which is not a valid INT" in dead[0][4]

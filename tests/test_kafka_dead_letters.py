@@ -103,3 +103,41 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
 
     checked = verify(config, spark, reader="deltalake")
     assert checked.verdict == "pass" and [t.binding for t in checked.tables if t.verified] == ["docs", "dbz"], checked.problems
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_range_the_validator_finds_all_fast_is_staged_in_one_job_and_the_others_keep_their_dead_letters(
+    spark: Any, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for files (tests/test_dead_letters.py): with the arrow validator, a dead-letter binding's
+    range whose every record is fast is checked by its staging job; a range with a bad record or
+    a tombstone keeps the dead letters' path, its range read from the broker once."""
+    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.json_documents import DocumentReader
+
+    paths: list[str] = []
+    deferred, check = DocumentReader.deferred, DocumentReader.check
+    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
+    monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
+    broker.create_topic("dl-fast", 2)
+    tables = tmp_path / "tables"
+    config = load_config(write_config(tmp_path, [
+        {**kafka_binding(broker, "docs", "dl-fast", tables / "docs", schema="id BIGINT, v BIGINT"), "on_invalid": "dead_letter"},
+    ]))
+    spark.conf.set(VALIDATOR_CONF, "arrow")  # (these few records would take the VARIANT route)
+    try:
+        broker.produce("dl-fast", [(b"1", b'{"id": 1, "v": 1}', 0), (b"2", b'{"id": 2, "v": 2}', 1)])
+        Runtime(config, spark).run()
+        broker.produce("dl-fast", [(b"3", b'{"id": 3, "v": 3}', 0), (b"x", b'{"id": 4, "v": "four"}', 1), (b"1", None, 0)])
+        Runtime(config, spark).run()
+        broker.produce("dl-fast", [(b"5", b'{"id": 5, "v": 5, "_meta": {"op": "u"}}', 1), (b"2", b'{"id": 2, "_meta": {"op": "d"}}', 0)])
+        Runtime(config, spark).run()
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+    assert paths == ["staging job", "check job", "staging job"]
+    assert delta_rs_rows(tables / "docs") == {1: {"id": 1, "v": 1}, 3: {"id": 3, "v": 3}, 5: {"id": 5, "v": 5}}
+    dead = _dead(tables / "docs_dead_letters")
+    assert [r[1:6] for r in dead] == [(2, "dl-fast", 0, 2, "1"), (2, "dl-fast", 1, 1, "x")]
+    assert "tombstone" in dead[0][6] and "field 'v' holds \"four\", which is not a valid BIGINT" in dead[1][6]

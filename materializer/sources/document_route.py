@@ -16,7 +16,7 @@ from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PR
 
 __all__ = [
     "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
-    "deferred", "explain", "typed_fast", "validator",
+    "deferred", "every_document_fast", "explain", "typed_fast", "validator",
 ]
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
@@ -146,6 +146,31 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         return int(row["n"])
 
     return reader.rows(good, declared), verify
+
+
+def every_document_fast(reader: Any) -> bool:
+    """Whether the validator finds every document of the epoch fast (a Spark job over the lines,
+    the validator's Python pass only, that stops at the first document it does not find fast).
+
+    For ``on_invalid: dead_letter``, whose epochs otherwise check every document on the VARIANT
+    route in a job of their own before staging (the bad documents' files are needed first): an
+    epoch whose documents are all fast has no dead letter (a fast document is one the VARIANT
+    route takes as it is), so it is staged as ``fail``'s epochs are, its checks riding along with
+    the staging job (:func:`deferred`). An epoch with any other document, bad or merely unusual,
+    keeps the dead letters' own path."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    declared = reader.declared
+    assert declared is not None and reader.lines is not None
+    marked = reader.document_lines().select("value").mapInArrow(
+        # typed=[]: no field typed, and the fast documents' text not sent back: only the verdict.
+        document_check.check_batches(declared.json(), list(reader.keys), list(reader.hidden), typed=[], keep_text=False),
+        T.StructType([
+            T.StructField("value", T.StringType()), T.StructField(OK, T.BooleanType(), False), T.StructField(OP_COLUMN, T.StringType()),
+        ]),
+    )
+    return marked.where(~F.col(OK)).select(OK).isEmpty()
 
 
 def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:

@@ -208,7 +208,7 @@ class DocumentsSource(Source):
             columns=self._columns,
         )
         change_controlled(reader, self.binding)
-        from materializer.sources.document_route import SMALL_EPOCH_BYTES, validator
+        from materializer.sources.document_route import SMALL_EPOCH_BYTES, every_document_fast, validator
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
         reader.small = small
@@ -216,13 +216,17 @@ class DocumentsSource(Source):
             reader.validator = validator(spark, small=small)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
-        if declared is not None and until is None and self.defer_checks and not reader.sequence_by and not reader.dead_letter:
+        if (
+            declared is not None and until is None and self.defer_checks and not reader.sequence_by
+            and (not reader.dead_letter or (reader.validator == "arrow" and every_document_fast(reader)))
+        ):
             # The types are known before reading: the checks ride along with the staging job (one
             # parse per epoch), and the runtime calls verify before committing. Without a schema
             # the cast needs the epoch's types first, so a job of its own checks and infers them;
             # so does sequence_by, whose fields (``_meta`` paths too) are typed by the epoch's shape
             # (a string sequence read as a number would be NULL, and order nothing), and dead letters,
-            # which need the bad documents' files before staging.
+            # which need the bad documents' files before staging: unless the validator finds every
+            # document fast (no dead letter then), a job that costs less than the check job.
             documents, verify = reader.deferred(parsed)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),

@@ -15,7 +15,7 @@ found in two partitions of one epoch takes the record of the higher (topic, part
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from materializer.dead_letters import split
 from materializer.errors import SourceError
@@ -29,6 +29,8 @@ from materializer.sources.kafka_plan import (
 from materializer.sources.kafka_reader import KafkaReader
 from materializer.sources.kafka_transport import KafkaTransport
 from materializer.storage import Store
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -134,41 +136,45 @@ class KafkaSource(KafkaTransport, Source):
             self._held = None
 
     def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False) -> SourceBatch:
-        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, validator
+        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, every_document_fast, validator
 
         reader = self.reader(spark, checkpoint)
         small = plan.records < SMALL_EPOCH_RECORDS
-        if defer and reader.declared is not None and reader.payload == "documents" and not reader.sequence_by and not reader.dead_letter and reader.unrouted is None:
+        parsed = None
+        if defer and reader.declared is not None and reader.payload == "documents" and not reader.sequence_by and reader.unrouted is None:
             # The types are known before reading: the checks ride along with the staging job, as
             # the documents source's do (one read of the range and one parse per epoch, not two),
             # checked by msgspec on the executors where the session allows it (document_check).
             # Not for debezium (its rows depend on what the epoch's checks find: placeholders,
-            # semantic types), sequence_by or dead letters (as for files).
-            self._release()  # (a replay's records, say)
-            reader.validator = validator(spark, small=small)
-            documents, verify = reader.deferred(self.parsed(spark, reader, plan))
-            lag, words = self.lag(plan)
-            return SourceBatch(
-                documents=documents, checkpoint=plan.checkpoint(), count=0, description=self._described(plan) + words,
-                explain=reader.explain, lag=lag, verify=verify, small=small,
-            )
-        try:
-            # The checks' job, then the staging job (and the dead letters'): the range is read
-            # from the brokers once, by the first of them, and kept for the others.
-            parsed = self.parsed(spark, reader, plan, hold=True)
-            count, schema = reader.check(parsed)
-            rejected = None
-            if reader.bad:
-                # on_invalid: dead_letter (docs: 'Dead letters'): the valid records go on.
-                checked = reader.checked(parsed)
-                parsed, rejected = split(checked)[0], reader.rejected_records(checked)
-        except SourceError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a Spark failure reading the range, explained if it is one
-            explained = reader.explain(exc)
-            if explained is not None:
-                raise explained from exc
-            raise
+            # semantic types) or sequence_by; for dead letters only when the validator finds every
+            # record fast (as for files: none can be a dead letter then), the range kept for
+            # whichever job comes next.
+            chosen = validator(spark, small=small)
+            deferred = not reader.dead_letter
+            if deferred:
+                self._release()  # (a replay's records, say)
+                parsed = self.parsed(spark, reader, plan)
+            elif chosen == "arrow":
+                parsed = self.parsed(spark, reader, plan, hold=True)
+                deferred = self._explained(reader, lambda: every_document_fast(reader))
+            if deferred:
+                reader.validator = chosen
+                assert parsed is not None
+                documents, verify = reader.deferred(parsed)
+                lag, words = self.lag(plan)
+                return SourceBatch(
+                    documents=documents, checkpoint=plan.checkpoint(), count=0, description=self._described(plan) + words,
+                    explain=reader.explain, lag=lag, verify=verify, small=small,
+                )
+        # The checks' job, then the staging job (and the dead letters'): the range is read from
+        # the brokers once, by the first of them, and kept for the others.
+        held = parsed if parsed is not None else self.parsed(spark, reader, plan, hold=True)
+        count, schema = self._explained(reader, lambda: reader.check(held))
+        parsed, rejected = held, None
+        if reader.bad:
+            # on_invalid: dead_letter (docs: 'Dead letters'): the valid records go on.
+            checked = reader.checked(held)
+            parsed, rejected = split(checked)[0], reader.rejected_records(checked)
         lag, words = self.lag(plan)
         return SourceBatch(
             # No document, or every one a dead letter (all of them, for source.unrouted): no row,
@@ -183,6 +189,19 @@ class KafkaSource(KafkaTransport, Source):
             lag=lag,
             small=small,
         )
+
+    @staticmethod
+    def _explained(reader: KafkaReader, job: "Callable[[], T]") -> "T":
+        """Run one of the epoch's jobs; a Spark failure reading the range is explained if it is one."""
+        try:
+            return job()
+        except SourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            explained = reader.explain(exc)
+            if explained is not None:
+                raise explained from exc
+            raise
 
     @staticmethod
     def _described(plan: Plan) -> str:

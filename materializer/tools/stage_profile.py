@@ -40,9 +40,9 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
     path = str(next(folder.glob("*.jsonl")))
     args_documents = documents
 
-    def reader(validator: str = "variant") -> tuple[DocumentReader, Any]:
+    def reader(validator: str = "variant", dead_letter: bool = False) -> tuple[DocumentReader, Any]:
         found, legacy = store.list(), []
-        r = DocumentReader(spark, store, [bench.KEY], declared, None)
+        r = DocumentReader(spark, store, [bench.KEY], declared, None, dead_letter=dead_letter)
         r.validator = validator
         return r, r.parsed(plan_epoch(found, None, 1000, 1 << 40, store.uri, legacy))
 
@@ -93,6 +93,24 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         parquet(combine(rows), "ours-arrow")
         verify()
         assert r.fast == args_documents, f"{r.fast} of {args_documents} documents fast"
+
+    def ours_arrow_dead_letter_parquet() -> None:
+        # on_invalid: dead_letter, no bad document: the validator asked first (a job of its own),
+        # then staged as fail's epochs are.
+        from materializer.sources.document_route import every_document_fast
+
+        r, parsed = reader("arrow", dead_letter=True)
+        assert every_document_fast(r)
+        rows, verify = r.deferred(parsed)
+        parquet(combine(rows), "ours-arrow-dead-letter")
+        verify()
+
+    def ours_dead_letter_checked_parquet() -> None:
+        # on_invalid: dead_letter's own path (an epoch with a bad document; every epoch before the
+        # validator was asked): the check job over every document, then the staging job.
+        r, parsed = reader("arrow", dead_letter=True)
+        _count, schema = r.check(parsed)
+        parquet(combine(r.rows(parsed, schema)), "ours-dead-letter-checked")
 
     def ours_arrow_from_json_parquet() -> None:
         # The arrow validator as it was before it typed the scalars itself: from_json types all.
@@ -201,6 +219,8 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench.latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
         "ours stage parquet, arrow validator (#25)": ours_arrow_parquet,
+        "ours stage parquet, arrow validator, dead letters, none bad": ours_arrow_dead_letter_parquet,
+        "ours stage parquet, dead letters' check job first (a bad one)": ours_dead_letter_checked_parquet,
         "ours stage parquet, arrow validator, each document alone (before)": ours_arrow_alone_parquet,
         "ours stage parquet, arrow validator, from_json types all (before)": ours_arrow_from_json_parquet,
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
