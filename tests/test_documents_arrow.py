@@ -125,6 +125,12 @@ def test_an_executor_without_msgspec_stops_with_one_paragraph(spark: Any, tmp_pa
     monkeypatch.setattr(document_check, "check_batches", without_msgspec)
     status, text = _run(spark, tmp_path, "arrow")
     assert status == "refused" and text == document_check.MISSING
+    # With dead letters the epoch's first job asks the validator whether every document is fast:
+    # it stops as plainly.
+    src = declared(tmp_path)
+    src.binding = src.binding.model_copy(update={"on_invalid": "dead_letter"})
+    status, text = _run(spark, tmp_path, "arrow", src)
+    assert status == "refused" and text == document_check.MISSING
 
 
 # --- the differential test: the arrow validator against the VARIANT route ------------------------
@@ -333,6 +339,21 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     assert routes == ["arrow", "arrow"]
     rows = table_rows(spark, table, ["id"])
     assert {key[0]: row.get("note") for key, row in rows.items()} == {2: "a:b", 5: '{"any":1}'}
+
+    # With dead letters: the refused epoch's bad document is set aside (the validator's question
+    # finds it, and the dead letters' own path names it); an epoch of fast documents only is
+    # staged on the arrow route, as fail's.
+    write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 6, "amount": 6.5}])
+    lenient = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, amount DOUBLE, note STRING", max_files=1, on_invalid="dead_letter")])
+    spark.conf.set(VALIDATOR_CONF, "arrow")
+    try:
+        Runtime(lenient, spark).run()
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+    assert routes == ["arrow", "arrow", "arrow"]
+    assert sorted(key[0] for key in table_rows(spark, table, ["id"])) == [2, 3, 5, 6]
+    dead = spark.read.format("delta").load(f"{table}_dead_letters").collect()
+    assert [(r["epoch"], r["source"].rsplit("/", 1)[-1], r["line"]) for r in dead] == [(2, "b.jsonl", 2)]
 
 
 @pytest.mark.slow

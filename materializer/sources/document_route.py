@@ -170,7 +170,13 @@ def every_document_fast(reader: Any) -> bool:
             T.StructField("value", T.StringType()), T.StructField(OK, T.BooleanType(), False), T.StructField(OP_COLUMN, T.StringType()),
         ]),
     )
-    return marked.where(~F.col(OK)).select(OK).isEmpty()
+    try:
+        return marked.where(~F.col(OK)).select(OK).isEmpty()
+    except Exception as exc:  # noqa: BLE001 - an executor without the validator: one paragraph
+        missing = _missing(str(exc))
+        if missing is not None:
+            raise missing from exc
+        raise
 
 
 def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
@@ -192,10 +198,9 @@ def explain(reader: Any, text: str) -> Any:
     """The error for a staging job that failed on this route (None: not this route's failure)."""
     from materializer.errors import SourceError
 
-    if MISSING in text or "msgspec is not installed on this Spark executor" in text:
-        return SourceError(MISSING)
-    if "No module named 'pyarrow'" in text or "No module named 'pandas'" in text:
-        return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
+    missing = _missing(text)
+    if missing is not None:
+        return missing
     if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
         return None
     located = reader.located()
@@ -206,3 +211,14 @@ def explain(reader: Any, text: str) -> Any:
         f"every check passed; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and report this as "
         "a bug. " + reader.hint()
     )
+
+
+def _missing(text: str) -> Any:
+    """The error for a job that failed on an executor without the validator (None: not that)."""
+    from materializer.errors import SourceError
+
+    if MISSING in text or "msgspec is not installed on this Spark executor" in text:
+        return SourceError(MISSING)
+    if "No module named 'pyarrow'" in text or "No module named 'pandas'" in text:
+        return SourceError(MISSING.replace("msgspec is not installed", "pyarrow or pandas is not installed", 1))
+    return None

@@ -155,7 +155,7 @@ class KafkaSource(KafkaTransport, Source):
                 self._release()  # (a replay's records, say)
                 parsed = self.parsed(spark, reader, plan)
             elif chosen == "arrow":
-                parsed = self.parsed(spark, reader, plan, hold=True)
+                parsed = self._explained(reader, lambda: self.parsed(spark, reader, plan, hold=True))
                 deferred = self._explained(reader, lambda: every_document_fast(reader))
             if deferred:
                 reader.validator = chosen
@@ -168,7 +168,7 @@ class KafkaSource(KafkaTransport, Source):
                 )
         # The checks' job, then the staging job (and the dead letters'): the range is read from
         # the brokers once, by the first of them, and kept for the others.
-        held = parsed if parsed is not None else self.parsed(spark, reader, plan, hold=True)
+        held = parsed if parsed is not None else self._explained(reader, lambda: self.parsed(spark, reader, plan, hold=True))
         count, schema = self._explained(reader, lambda: reader.check(held))
         parsed, rejected = held, None
         if reader.bad:
