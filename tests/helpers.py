@@ -320,3 +320,16 @@ def delta_rs_rows(table: Path | str, key: list[str]) -> dict[tuple[Any, ...], di
         assert k not in out, f"key {k} appears twice in {table}"
         out[k] = data
     return out
+
+
+def record_document_paths(monkeypatch: Any) -> list[str]:
+    """The documents reader's path per epoch, in order: ``"staging job"`` (its checks ride along with
+    the staging job: ``DocumentReader.deferred``) or ``"check job"`` (a job of their own first:
+    ``DocumentReader.check``), for files and Kafka alike."""
+    from materializer.sources.json_documents import DocumentReader
+
+    paths: list[str] = []
+    deferred, check = DocumentReader.deferred, DocumentReader.check
+    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
+    monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
+    return paths

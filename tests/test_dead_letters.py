@@ -327,13 +327,9 @@ def test_an_epoch_the_validator_finds_all_fast_is_staged_in_one_job_and_the_othe
     document, or a valid one the validator leaves to the VARIANT route, keeps the dead letters'
     path. The tables and dead letters are the same (read by Spark and delta-rs)."""
     from materializer.sources.document_route import VALIDATOR_CONF
-    from materializer.sources.json_documents import DocumentReader
-    from tests.helpers import delta_rs_rows
+    from tests.helpers import delta_rs_rows, record_document_paths
 
-    paths: list[str] = []
-    deferred, check = DocumentReader.deferred, DocumentReader.check
-    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
-    monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
+    paths = record_document_paths(monkeypatch)
     table = tmp_path / "tables" / "items"
     _source(tmp_path / "src", "a.jsonl", ['{"id": 1, "v": "a"}', '{"id": 2, "v": "b", "n": 7}'])
     _source(tmp_path / "src", "b.jsonl", ['{"id": 3, "v": "c"}', '{"id": 4, "n": "seven"}', '{"id": 2, "_meta": {"op": "d"}}'])

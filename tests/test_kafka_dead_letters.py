@@ -115,12 +115,9 @@ def test_a_range_the_validator_finds_all_fast_is_staged_in_one_job_and_the_other
     range whose every record is fast is checked by its staging job; a range with a bad record or
     a tombstone keeps the dead letters' path, its range read from the broker once."""
     from materializer.sources.document_route import VALIDATOR_CONF
-    from materializer.sources.json_documents import DocumentReader
+    from tests.helpers import record_document_paths
 
-    paths: list[str] = []
-    deferred, check = DocumentReader.deferred, DocumentReader.check
-    monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
-    monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
+    paths = record_document_paths(monkeypatch)
     broker.create_topic("dl-fast", 2)
     tables = tmp_path / "tables"
     config = load_config(write_config(tmp_path, [
