@@ -333,3 +333,19 @@ def record_document_paths(monkeypatch: Any) -> list[str]:
     monkeypatch.setattr(DocumentReader, "deferred", lambda reader, parsed: (paths.append("staging job"), deferred(reader, parsed))[1])
     monkeypatch.setattr(DocumentReader, "check", lambda reader, parsed: (paths.append("check job"), check(reader, parsed))[1])
     return paths
+
+
+class FakeConf:
+    """``SparkSession.conf`` for tests without a JVM: ``get``/``set``/``unset`` over a dict."""
+
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self.values: dict[str, str] = dict(values or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)

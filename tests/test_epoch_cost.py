@@ -18,7 +18,7 @@ from materializer.bounds import bounds_condition
 from materializer.merge import merge_sql
 from materializer.runtime import Runtime
 from materializer.merge.writer import MERGE_DELETION_VECTORS
-from tests.helpers import binding, delta_rs_rows, table_rows, write_jsonl
+from tests.helpers import FakeConf, binding, delta_rs_rows, table_rows, write_jsonl
 from tests.test_holes import config_with
 
 pytestmark = pytest.mark.spark
@@ -216,25 +216,12 @@ def test_interpreted_blocks_on_one_session_leave_it_as_it_was_however_they_inter
     finds still as it set it, so the session ends as it began in either order of exits."""
     from materializer.spark.settings import INTERPRETED, interpreted
 
-    class Conf:
-        def __init__(self) -> None:
-            self.values: dict[str, str] = {"spark.sql.adaptive.enabled": "true"}
-
-        def get(self, key: str, default: Any = None) -> Any:
-            return self.values.get(key, default)
-
-        def set(self, key: str, value: str) -> None:
-            self.values[key] = value
-
-        def unset(self, key: str) -> None:
-            self.values.pop(key, None)
-
     class Session:
-        conf = Conf()
+        conf = FakeConf()
 
     for first_out in (True, False):
         session = Session()
-        session.conf = Conf()
+        session.conf = FakeConf({"spark.sql.adaptive.enabled": "true"})
         before = dict(session.conf.values)
         a, b = interpreted(session), interpreted(session)  # type: ignore[arg-type]
         a.__enter__()

@@ -27,28 +27,14 @@ from materializer.progress import Collector
 from materializer.protocol import StagedFile
 from materializer.staging import StagingArea
 from materializer.storage import open_store
-from tests.helpers import binding, write_config
-
-
-class _Conf:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def unset(self, key: str) -> None:
-        self.values.pop(key, None)
+from tests.helpers import FakeConf, binding, write_config
 
 
 class _Session:
     """The apply session's conf and tags: all the loop touches besides the write itself."""
 
     def __init__(self) -> None:
-        self.conf = _Conf()
+        self.conf = FakeConf()
         self.tags: list[str] = []
 
     def addTag(self, tag: str) -> None:  # noqa: N802 - PySpark's name

@@ -11,24 +11,14 @@ from materializer.events import Span
 from materializer.merge import SnapshotWarmer
 from materializer.progress import ListCollector
 from materializer.spark.settings import INTERPRETED
-
-
-class Conf:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+from tests.helpers import FakeConf
 
 
 class Session:
     """A classic session's stand-in: ``newSession`` gives a sibling sharing ``ran`` and ``hold``."""
 
     def __init__(self, ran: list[str] | None = None, hold: threading.Event | None = None) -> None:
-        self.conf = Conf()
+        self.conf = FakeConf()
         self.ran = [] if ran is None else ran
         self.hold = hold or threading.Event()
         self.siblings: list[Session] = []
