@@ -6,7 +6,9 @@ table created or evolved from it records that type in its schema, with no collat
 its protocol. Spark reads such a table; delta-rs and every other kernel-based reader refuse it
 ("Unsupported Delta table type"). The same type as DDL text (``STRING``) is parsed by the server
 into its plain type, which the classic path writes too. So every cast whose type holds a string
-is given to ``Column.cast`` through :func:`plain`.
+is given to ``Column.cast`` through :func:`plain`; and a column of ``mapInArrow``'s rows, whose
+types the client declares as objects (even from DDL text, which the Connect client parses first),
+is cast through :func:`plain` before it reaches a table.
 """
 
 from __future__ import annotations

@@ -354,6 +354,11 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     assert sorted(key[0] for key in table_rows(spark, table, ["id"])) == [2, 3, 5, 6]
     dead = spark.read.format("delta").load(f"{table}_dead_letters").collect()
     assert [(r["epoch"], r["source"].rsplit("/", 1)[-1], r["line"]) for r in dead] == [(2, "b.jsonl", 2)]
+    # What Connect wrote, read by another Delta reader too (delta-rs).
+    from tests.helpers import delta_rs_list, delta_rs_rows
+
+    assert delta_rs_rows(table, ["id"]) == table_rows(spark, table, ["id"])
+    assert [(r["epoch"], r["line"]) for r in delta_rs_list(f"{table}_dead_letters")] == [(2, 2)]
 
 
 @pytest.mark.slow

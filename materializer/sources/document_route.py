@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from materializer import sqltypes
 from materializer.sources import document_check
 from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PREFIX, python_typed
 
@@ -187,6 +188,11 @@ def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
 
     if name in reader.typed_by_python:
         fast = F.col(reader.typed_by_python[name])
+        dtype = reader.declared[name].dataType
+        if sqltypes.holds_string(dtype):
+            # mapInArrow's rows carry the type the client declared them with, which Spark Connect
+            # spells with its collation: cast to the plain type, as every cast is (sqltypes).
+            fast = fast.cast(sqltypes.plain(dtype))
     elif FAST_JSON in columns:
         fast = F.col(FAST_JSON)[name]
     else:
