@@ -211,6 +211,36 @@ def test_a_small_epochs_staging_runs_interpreted_and_a_bigger_ones_as_the_sessio
     assert sorted(k[0] for k in delta_rs_rows(table, ["id"])) == list(range(1, 12))
 
 
+def test_a_files_epoch_on_the_arrow_route_stages_with_arrow_batches_bounded_by_records(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """The documents' arrow validator sends a files epoch's lines to Python in batches bounded by
+    records and the task's split, not measured after every row (ARROW_BATCHES_BY_RECORDS), for
+    its staging job only: the VARIANT route's epoch stages as the session says, and the session's
+    conf is what it was after each."""
+    from materializer.sources import document_route
+    from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS
+    from materializer.staging import StagingArea
+
+    (key,) = ARROW_BATCHES_BY_RECORDS
+    seen: list[tuple[int, Any]] = []
+    stage = StagingArea.stage
+
+    def watched(self: StagingArea, name: str, epoch: int, df: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((epoch, df.sparkSession.conf.get(key, None)))
+        return stage(self, name, epoch, df, *args, **kwargs)
+
+    monkeypatch.setattr(StagingArea, "stage", watched)
+    monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 100)
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 1, "v": 1}])  # small: the VARIANT route
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": i, "v": i} for i in range(2, 12)])  # the arrow route
+    table = tmp_path / "tables" / "items"
+    session = spark.newSession()
+    session.conf.set(key, "32m")
+    Runtime(config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, v BIGINT", max_files=1)]), session).run()
+    assert seen == [(1, "32m"), (2, ARROW_BATCHES_BY_RECORDS[key])]
+    assert session.conf.get(key) == "32m"
+    assert sorted(delta_rs_rows(table, ["id", "v"])) == [(i, i) for i in range(1, 12)]
+
+
 def test_interpreted_blocks_on_one_session_leave_it_as_it_was_however_they_interleave() -> None:
     """Two pipelines' staging on one session in two threads: each block puts back only what it
     finds still as it set it, so the session ends as it began in either order of exits."""

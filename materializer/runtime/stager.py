@@ -12,7 +12,7 @@ from materializer.delta import quote
 from materializer.progress import Collector, utc_now
 from materializer.protocol import Driver, Flush, Load, StartCommit, StartedCommit, Store
 from materializer.sources import Source, SourceBatch
-from materializer.spark.settings import interpreted
+from materializer.spark.settings import INTERPRETED, session_confs
 from materializer.staging import StagingArea
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class EpochStager:
         if not self.config.transaction.pipelined:
             return {}
         prestaged = {}
-        with _explained(batches), self.collector.span("prestage", epoch), interpreted(self.spark, on=small(batches)):
+        with _explained(batches), self.collector.span("prestage", epoch), session_confs(self.spark, job_conf(batches)):
             for name, batch in batches.items():
                 binding = self.config.binding(name)
                 if batch.documents is not None and reductions.independent_of_table(binding):
@@ -113,7 +113,7 @@ class EpochStager:
 
         names = [name for name in batches if only is None or name in only]
         prestaged = prestaged or {}
-        with _explained(batches), interpreted(self.spark, on=small(batches)):
+        with _explained(batches), session_confs(self.spark, job_conf(batches)):
             # --- Load / Flush / Loaded / Flushed ---
             for name in names:
                 binding = self.config.binding(name)
@@ -166,6 +166,13 @@ class EpochStager:
                 dead_letters=getattr(batch, "rejected_count", 0) or 0,
             )
         )
+
+
+def job_conf(batches: dict[str, SourceBatch]) -> dict[str, str]:
+    """The Spark settings an epoch's staging jobs run with: those of :data:`INTERPRETED` when every
+    batch is :func:`small`, and what each batch asks for (:attr:`SourceBatch.job_conf`)."""
+    asked = {key: value for batch in batches.values() for key, value in batch.job_conf.items()}
+    return {**(INTERPRETED if small(batches) else {}), **asked}
 
 
 def small(batches: dict[str, SourceBatch]) -> bool:

@@ -17,7 +17,7 @@ another through this module.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from materializer.config import BindingConfig
@@ -54,6 +54,10 @@ class SourceBatch:
     """``on_invalid: dead_letter``: the documents that failed the checks (``source``, ``line``,
     ``reason``, ``document``), left out of ``documents``; None when there are none."""
     rejected_count: int = 0
+    job_conf: dict[str, str] = field(default_factory=dict)
+    """Spark settings the batch's staging jobs run with, on the runtime's session for the block
+    that stages the epoch (``materializer.spark.settings.session_confs``): settings of how a job
+    runs, never of what it writes."""
     small: bool = False
     """The batch is small (a files epoch under ``SMALL_EPOCH_BYTES`` of documents, a topic's under
     ``SMALL_EPOCH_RECORDS`` records): when every batch of an epoch is, its staging jobs run

@@ -149,7 +149,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     return reader.rows(good, declared), verify
 
 
-def every_document_fast(reader: Any) -> bool:
+def every_document_fast(reader: Any, *, files: bool = False) -> bool:
     """Whether the validator finds every document of the epoch fast (a Spark job over the lines,
     the validator's Python pass only, that stops at the first document it does not find fast).
 
@@ -158,7 +158,8 @@ def every_document_fast(reader: Any) -> bool:
     epoch whose documents are all fast has no dead letter (a fast document is one the VARIANT
     route takes as it is), so it is staged as ``fail``'s epochs are, its checks riding along with
     the staging job (:func:`deferred`). An epoch with any other document, bad or merely unusual,
-    keeps the dead letters' own path."""
+    keeps the dead letters' own path. ``files``: the lines are a files epoch's, so the job's Arrow
+    batches need no byte limit (:data:`materializer.spark.settings.ARROW_BATCHES_BY_RECORDS`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -171,8 +172,11 @@ def every_document_fast(reader: Any) -> bool:
             T.StructField("value", T.StringType()), T.StructField(OK, T.BooleanType(), False), T.StructField(OP_COLUMN, T.StringType()),
         ]),
     )
+    from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
+
     try:
-        return marked.where(~F.col(OK)).select(OK).isEmpty()
+        with session_confs(reader.spark, ARROW_BATCHES_BY_RECORDS if files else {}):
+            return marked.where(~F.col(OK)).select(OK).isEmpty()
     except Exception as exc:  # noqa: BLE001 - an executor without the validator: one paragraph
         missing = _missing(str(exc))
         if missing is not None:

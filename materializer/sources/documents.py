@@ -209,6 +209,7 @@ class DocumentsSource(Source):
         )
         change_controlled(reader, self.binding)
         from materializer.sources.document_route import SMALL_EPOCH_BYTES, every_document_fast, validator
+        from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
         reader.small = small
@@ -218,7 +219,7 @@ class DocumentsSource(Source):
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
         if (
             declared is not None and until is None and self.defer_checks and not reader.sequence_by
-            and (not reader.dead_letter or (reader.validator == "arrow" and every_document_fast(reader)))
+            and (not reader.dead_letter or (reader.validator == "arrow" and every_document_fast(reader, files=True)))
         ):
             # The types are known before reading: the checks ride along with the staging job (one
             # parse per epoch), and the runtime calls verify before committing. Without a schema
@@ -231,6 +232,7 @@ class DocumentsSource(Source):
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
                 explain=reader.explain, lag=lag, verify=verify, small=small,
+                job_conf=ARROW_BATCHES_BY_RECORDS if reader.validator == "arrow" else {},
             )
         count, schema = reader.check(parsed)
         if reader.bad_files:

@@ -37,6 +37,16 @@ BASE_CONF = {
 }
 
 
+ARROW_BATCHES_BY_RECORDS = {"spark.sql.execution.arrow.maxBytesPerBatch": "2147483647"}
+"""For jobs whose Arrow input is a files epoch's lines (the documents' arrow validator, its
+``mapInArrow``): batches bounded by records (``spark.sql.execution.arrow.maxRecordsPerBatch``,
+10,000 by default) and by the task's split of the files (``spark.sql.files.maxPartitionBytes``,
+128 MiB), not also by bytes. With a byte limit set (64 MiB by default) Spark measures the batch
+after every row it adds, which for a row holding a struct walks every vector of it: about 0.3 JVM
+CPU s per million documents here (docs, Performance), for a bound the split already gives. The
+value is Spark's own "no limit" (``Int.MaxValue``), the one that skips the measuring."""
+
+
 INTERPRETED = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
