@@ -157,19 +157,20 @@ def run_replay(spark: "SparkSession", cfg: Any) -> dict[str, Any]:
 def latest_per_key(df: "DataFrame") -> "DataFrame":
     """Last document per key, with the operation flag: what any change-stream consumer must do.
 
-    The same hash aggregate (``max_by``) the materializer's combine uses, so the ratios measure
-    the exactly-once machinery and not a faster deduplication.
+    The same window the materializer's combine uses (each key's greatest ordering, the rows that
+    hold it), so the ratios measure the exactly-once machinery and not a faster deduplication.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     op = F.when(F.col("_meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
     rows = df.withColumn("_op", op).drop("_meta")
-    values = [c for c in rows.columns if c != KEY]
-    # A delete document has no "updated": max_by skips NULL orderings, so give it one (keys are
-    # distinct within an epoch's file, so it never competes with an update of the same key).
+    columns = rows.columns
+    # A delete document has no "updated": give it an ordering (keys are distinct within an
+    # epoch's file, so it never competes with an update of the same key).
     order = F.coalesce(F.col("updated"), F.lit(-1))
-    latest = rows.groupBy(KEY).agg(F.max_by(F.struct(*values), order).alias("__last"))
-    return latest.select(KEY, *[F.col(f"__last.`{c}`").alias(c) for c in values])
+    latest = rows.withColumn("__order", order).withColumn("__last", F.max("__order").over(Window.partitionBy(KEY)))
+    return latest.where(F.col("__order") == F.col("__last")).select(*columns)
 
 
 def _merge(spark: "SparkSession", table: Path, source: "DataFrame") -> Any:
