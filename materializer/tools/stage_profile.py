@@ -32,6 +32,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
     from materializer.config import BindingConfig
     from materializer.sources.documents import plan_epoch
     from materializer.sources.json_documents import DocumentReader
+    from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
     from materializer.storage import open_store
     from materializer.tools import bench
 
@@ -86,13 +87,24 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         noop(rows)
         verify()
 
-    def ours_arrow_parquet() -> None:
-        # The arrow validator (issue #25): msgspec in mapInArrow, from_json for the fast documents.
+    def ours_arrow_parquet(conf: "dict[str, str] | None" = None, combined: Callable[[Any], Any] = combine) -> None:
+        # The arrow validator (issue #25): msgspec in mapInArrow, from_json for the fast documents;
+        # with the Spark settings the runtime stages a files epoch with (SourceBatch.job_conf).
         r, parsed = reader("arrow")
         rows, verify = r.deferred(parsed)
-        parquet(combine(rows), "ours-arrow")
+        with session_confs(spark, ARROW_BATCHES_BY_RECORDS if conf is None else conf):
+            parquet(combined(rows), "ours-arrow")
         verify()
         assert r.fast == args_documents, f"{r.fast} of {args_documents} documents fast"
+
+    def combine_max_by(rows: Any) -> Any:
+        # The combine until 2026-11-29: max_by(struct(...), _seq), a sort-based aggregate whose
+        # partial aggregate sorts the epoch before the shuffle as well as after.
+        keys = set(binding.key)
+        columns = [c for c in rows.columns if c != "_seq"]
+        values = ", ".join(f"`{c}`" for c in columns if c not in keys)
+        latest = rows.groupBy(*binding.key).agg(F.expr(f"max_by(struct({values}), `_seq`) AS __last"))
+        return latest.selectExpr(*[f"`{c}`" if c in keys else f"__last.`{c}` AS `{c}`" for c in columns])
 
     def ours_arrow_dead_letter_parquet() -> None:
         # on_invalid: dead_letter, no bad document: the validator asked first (a job of its own),
@@ -216,9 +228,12 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "no schema: the VARIANT route's check job (types inferred)": variant_inference,
         "no schema: top-level kinds folded in Python (no checks)": python_kinds,
         "arrow: validator + from_json, noop": ours_arrow_noop,
-        "bare stage parquet (read.json, max_by, Parquet)": lambda: parquet(bench.latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
+        "bare stage parquet (read.json, last per key, Parquet)": lambda: parquet(bench.latest_per_key(spark.read.schema(bench.input_schema()).json(path)), "bare"),
         "ours stage parquet (deferred checks, max_by, Parquet)": ours_parquet,
         "ours stage parquet, arrow validator (#25)": ours_arrow_parquet,
+        "ours stage parquet, arrow validator, Arrow batches sized per row (before)": lambda: ours_arrow_parquet({}),
+        "ours stage parquet, arrow validator, combined by max_by (before)": lambda: ours_arrow_parquet(combined=combine_max_by),
+        "bare stage parquet, combined by max_by (before)": lambda: parquet(combine_max_by(_bare_rows(spark, path)), "bare-max-by"),
         "ours stage parquet, arrow validator, dead letters, none bad": ours_arrow_dead_letter_parquet,
         "ours stage parquet, dead letters' check job first (a bad one)": ours_dead_letter_checked_parquet,
         "ours stage parquet, arrow validator, each document alone (before)": ours_arrow_alone_parquet,
@@ -229,6 +244,18 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "staged parquet alone: written uncompressed and read twice": staged_parquet("none"),
         "staged parquet alone: written lz4_raw and read twice": staged_parquet("lz4_raw"),
     }
+
+
+def _bare_rows(spark: Any, path: str) -> Any:
+    """The bare stage's rows before its combine: the file read with the schema, ``_op`` and an
+    ordering (``_seq``, as the combine reads it)."""
+    from pyspark.sql import functions as F
+
+    from materializer.tools import bench
+
+    df = spark.read.schema(bench.input_schema()).json(path)
+    op = F.when(F.col("_meta.op") == F.lit("d"), F.lit("d")).otherwise(F.lit("u"))
+    return df.withColumn("_op", op).drop("_meta").withColumn("_seq", F.coalesce(F.col("updated"), F.lit(-1)))
 
 
 def _fold_kinds(batches: Any) -> Any:
