@@ -80,3 +80,19 @@ def test_the_function_still_pickles_after_it_ran_in_this_process() -> None:
     _rows(['{"id": 1}'], True, False)
     run = check_batches(SCHEMA, ["id"], [], typed=TYPED, keep_text=False)
     assert cloudpickle.loads(cloudpickle.dumps(run)) is not None
+
+
+def test_the_colons_of_a_batch_are_counted_over_the_bytes_its_texts_span() -> None:
+    """The whole-batch path compares one ":" count over the batch's bytes with what the decoded
+    documents account for: it must count only this batch's texts, wherever the array starts in
+    its buffers (a slice of a larger array, as Arrow hands batches over) and for either offset
+    width."""
+    from materializer.sources.document_check import _colons
+
+    texts = ['{"id":1}', '{"id":2,"note":"a:b"}', "", '{"id":3,"d":1.5}', '{"x::":":"}']
+    for kind in (pa.string(), pa.large_string()):
+        whole = pa.array(texts, kind)
+        for start in range(len(texts)):
+            for stop in range(start, len(texts) + 1):
+                part = whole.slice(start, stop - start)
+                assert _colons(part, pa) == sum(t.count(":") for t in texts[start:stop]), (kind, start, stop)

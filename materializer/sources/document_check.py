@@ -308,9 +308,8 @@ def check_batches(
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
                 text = text.cast(pa.string())
-            # Per batch, in Arrow's C++: each text's ":" count and whether it is suspect.
-            counts = pc.count_substring(text, ":")
-            # A NULL line (none from spark.read.text) is not fast: its suspect is filled true.
+            # Per batch, in Arrow's C++: whether each text is suspect. A NULL line (none from
+            # spark.read.text) is not fast: its suspect is filled true.
             suspected = pc.fill_null(pc.match_substring_regex(text, suspect), True)
             if whole_batches and whole is not None and typed is not None and len(text) and not pc.any(suspected).as_py():
                 found = whole(text.to_pylist())
@@ -318,12 +317,13 @@ def check_batches(
                     cols, kept, strings = found
                     arrays = {i: pa.array(_unset_as_none(cols[i]), pa.string()) for i in strings}
                     kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings)
-                    if kept == pc.sum(counts).as_py():
+                    if kept == _colons(text, pa):
                         # Every document is fast: a text holds at least the ":" its decoded value
                         # accounts for, so equal sums mean equal counts, document by document.
                         yield _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
                         continue
-            colons = counts.to_pylist()
+            # Judged document by document: each text's ":" count, in Arrow's C++.
+            colons = pc.count_substring(text, ":").to_pylist()
             suspects = suspected.to_pylist()
             width = "q" if text.type == pa.large_string() else "i"
             offsets = memoryview(text.buffers()[1]).cast(width)[text.offset: text.offset + len(text) + 1].tolist()
@@ -345,6 +345,17 @@ def check_batches(
             yield pa.RecordBatch.from_arrays(out, names=names)
 
     return run
+
+
+def _colons(text: Any, pa: Any) -> int:
+    """The ":" in all the texts of a string array (none NULL) together: one count over the bytes
+    they span in its data buffer, a third of the cost of counting text by text."""
+    if not len(text):
+        return 0
+    width = "q" if text.type == pa.large_string() else "i"
+    offsets = memoryview(text.buffers()[1]).cast(width)
+    start, end = offsets[text.offset], offsets[text.offset + len(text)]
+    return text.buffers()[2].slice(start, end - start).to_pybytes().count(b":")
 
 
 def _top_names(schema_json: str, hidden: "tuple[str, ...] | list[str]") -> list[str]:
