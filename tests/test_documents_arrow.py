@@ -283,6 +283,63 @@ def test_the_arrow_validator_and_the_variant_route_agree_on_scalars(spark: Any, 
     _routes_agree(spark, tmp_path_factory.mktemp("diff"), corpus, FLAT_SCHEMA)
 
 
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(), min_size=20, max_size=120), flat=st.booleans())
+def test_dead_letters_are_the_same_by_either_route(spark: Any, tmp_path_factory: Any, corpus: list[str], flat: bool) -> None:
+    """With ``on_invalid: dead_letter`` an epoch the validator does not find all fast is checked
+    on the documents it marks (the fast ones skip the VARIANT parse and checks): the epoch's
+    count, its rows and its dead letters (file, line, reason, text), or the error that stops it,
+    are those of the VARIANT route checking every document."""
+    tmp_path = tmp_path_factory.mktemp("dead")
+    fields = FLAT_FIELDS if flat else FIELDS
+    if flat:
+        corpus = [line for line in corpus if not any(f'"{name}"' in line for name in FIELDS[7:])] or corpus[:1]
+    write(tmp_path / "src" / "a.jsonl", corpus)
+    ddl = FLAT_SCHEMA if flat else DIFF_SCHEMA
+    from materializer.sources.document_check import _compile
+
+    fast, suspect, _columns, _whole = _compile(spark.createDataFrame([], ddl).schema.json(), ("id",), ())
+    marked = sum(1 for line in corpus if not re.search(suspect, line) and fast(line.encode(), line.count(":")) is not None)
+    event(f"documents the validator finds fast: {'none' if not marked else 'some' if marked < 10 else 'ten or more'}")
+    variant = _dead_letter_run(spark, tmp_path, "variant", ddl)
+    arrow = _dead_letter_run(spark, tmp_path, "arrow", ddl)
+    assert arrow == variant
+    event(f"dead letters: {'refused' if variant[0] == 'refused' else 'none' if not variant[3] else 'some'} ({len(fields)} fields)")
+
+
+def _dead_letter_run(spark: Any, tmp_path: Path, validator: str, ddl: str) -> tuple[Any, ...]:
+    """One dead-letter epoch of src/a.jsonl with ``validator``: its count, rows (by _seq, as
+    reprs) and dead letters, or ("refused", the error's text)."""
+    spark.conf.set(VALIDATOR_CONF, validator)
+    try:
+        src = _diff_source(spark, tmp_path, ddl)
+        src.binding = src.binding.model_copy(update={"on_invalid": "dead_letter"})
+        src.defer_checks = True
+        try:
+            batch = src.next_batch(spark, None, 100, "x")
+            assert batch is not None
+            out = tmp_path / f"dead-{validator}"
+            try:
+                # Staged as the runtime stages them: the first action on the rows is their write.
+                if batch.documents is not None:
+                    batch.documents.write.mode("overwrite").parquet(str(out))
+                rows = [] if batch.documents is None else [repr(r) for r in spark.read.parquet(str(out)).orderBy("_seq").collect()]
+            except Exception as exc:  # the staging job failed (a value the cast cannot take): as the runtime words it
+                explained = batch.explain(exc) if batch.explain is not None else None
+                if explained is None:
+                    raise
+                raise explained from exc
+            # (An epoch the validator finds all fast is counted by its staging job's checks.)
+            count = batch.verify() if batch.verify is not None else batch.count
+            dead = [] if batch.rejected is None else sorted(tuple(r) for r in batch.rejected.collect())
+        except SourceError as exc:
+            return "refused", str(exc)
+        return count, rows, batch.rejected_count, dead
+    finally:
+        spark.conf.unset(VALIDATOR_CONF)
+
+
 def _routes_agree(spark: Any, tmp_path: Path, corpus: list[str], ddl: str) -> None:
     from materializer.sources.document_check import _compile
 

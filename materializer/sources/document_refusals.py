@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from materializer.columns import SEQ
 from materializer.sources.document_schema import kinds_of, misfit
@@ -72,7 +72,7 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[s
     if not row["n"] or row["shape"] is None or not reader.single_problems(parse_shape(row["shape"])):
         return {}
     shape = F.schema_of_variant(F.col("__v"))
-    good = checked.where(F.col("__problem").isNull())
+    good = checked.where(F.col("__problem").isNull() & F.col("__v").isNotNull())
     shapes = _good_shapes(checked)
     if shapes is None:
         return {}  # the epoch is refused as a whole, naming its first such document
@@ -108,7 +108,8 @@ def _good_shapes(checked: "DataFrame") -> "list[str] | None":
     are more than MAX_REFUSED_SHAPES."""
     from pyspark.sql import functions as F
 
-    good = checked.where(F.col("__problem").isNull())
+    # A good document has a __v, unless the arrow validator found it fast: it fits alone.
+    good = checked.where(F.col("__problem").isNull() & F.col("__v").isNotNull())
     shapes = good.select(F.schema_of_variant(F.col("__v")).alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
     return None if len(shapes) > MAX_REFUSED_SHAPES else [item["shape"] for item in shapes]
 
@@ -121,7 +122,7 @@ def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, l
     from pyspark.sql import functions as F
 
     shapes = (
-        checked.where(F.col("__problem").isNull())
+        checked.where(F.col("__problem").isNull() & F.col("__v").isNotNull())
         .groupBy(F.schema_of_variant(F.col("__v")).alias("shape"))
         .agg(F.min(F.col(SEQ)).alias("first"))
         .orderBy("first")
@@ -136,3 +137,34 @@ def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, l
         if alone or (reader.declared is None and shape_problems(merged)):
             return item["first"], item["shape"], alone or [conflict(before, shape, "") or shape_problems(merged)[0]]
     return None
+
+
+def dead_letter_rows(reader: Any, marked: "Callable[[Any, DataFrame], DataFrame]") -> "DataFrame":
+    """The invalid documents of ``reader``'s epoch (a ``DocumentReader`` whose check found some,
+    ``bad_files``) with their file's URI, line number and problem (``on_invalid: dead_letter``).
+
+    Numbered as the error path numbers them: the lines of their files only, in file order (blank
+    lines counted), a part-read file's lines carrying their number already. With the arrow
+    validator only the documents it does not find fast (``marked``: the lines with those marks,
+    ``document_route.marked_lines``) are parsed and judged: a fast one is never a dead letter, and
+    the bad files can be the whole epoch."""
+    from pyspark.sql import functions as F
+
+    from materializer.dead_letters import rejected_rows, split
+    from materializer.sources.line_numbers import with_line_numbers
+
+    assert reader.lines is not None
+    file = F.col(f"{SEQ}.file")
+    lines = with_line_numbers(reader.lines.where(file.isin(reader.bad_files)), "__n").withColumn(
+        "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.col("__n"))
+    )
+    arrow = reader.validator == "arrow" and reader.declared is not None and not reader.sequence_by
+    checked = reader.checked(marked(reader, reader._not_blank(lines)) if arrow else reader._with_variant(lines))
+    _good, bad = split(checked)
+    if arrow:
+        # mapInArrow's rows carry the types the client declared them with, which Spark Connect
+        # spells with their collation (a table of such a column is one delta-rs cannot open), and
+        # a cast to STRING is dropped as a no-op: the text goes through its bytes.
+        bad = bad.withColumn("value", F.col("value").cast("binary").cast("string"))
+    names = F.create_map(*[x for f in reader.bad_files for x in (F.lit(f), F.lit(f"{reader.store.uri}/{reader._name(f)}"))])
+    return rejected_rows(bad, names[file], F.col("__line"))

@@ -17,7 +17,7 @@ from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PR
 
 __all__ = [
     "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
-    "deferred", "every_document_fast", "explain", "typed_fast", "validator",
+    "deferred", "every_document_fast", "explain", "marked_documents", "marked_lines", "typed_fast", "validator",
 ]
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
@@ -79,21 +79,61 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     error path: when any document is refused, the VARIANT route's full check job names it.
     ``python_types=False`` types every field with ``from_json`` (the route before the validator
     typed scalars; ``stage_profile`` measures both)."""
-    import json
     import uuid
 
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     from materializer.errors import SourceError
     from materializer.sources.document_refusals import rereading
     from materializer.sources.variant_shape import parse_shape
+
+    assert reader.declared is not None and reader.lines is not None
+    reader.deferred_documents = parsed
+    staged = marked_documents(reader, python_types=python_types)
+    ok = F.col(OK)
+    checked = reader.checked(staged, lean=True)  # the documents not fast only
+    tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
+    good = checked.observe(tallies, *reader.tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
+
+    def verify() -> int:
+        row = tallies.get
+        reader.fast = int(row["fast"])
+        shape = row["shape"]
+        if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
+            rereading(reader.store.uri, reader.small)
+            reader.check(parsed)  # the VARIANT route over every document names the refused ones
+            if not row["bad"]:
+                # The merged shape mixes kinds the declared types take each of (a TIMESTAMP from
+                # text and from seconds), and every document fits alone: the rows stand.
+                return int(row["n"])
+            raise SourceError(
+                f"{reader.store.uri}: a document of this transaction is refused by the staging job's checks but "
+                f"not by the full checks; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and "
+                "report this as a bug. " + reader.hint()
+            )
+        return int(row["n"])
+
+    return reader.rows(good, reader.declared), verify
+
+
+def marked_documents(reader: Any, *, python_types: bool = True) -> Any:
+    """The epoch's documents as the VARIANT route's ``parsed`` has them (``value``, ``_seq``,
+    ``__v``), marked in Arrow batches on the executors: :data:`OK` for the fast ones, their
+    top-level scalars typed there (:func:`python_typed`, ``reader.typed_by_python``) and their
+    other declared fields by ``from_json`` (:data:`FAST_JSON`); ``__v`` is parsed for the others
+    only. ``reader.checked`` judges the others alone (a fast document has no problem), so the
+    VARIANT route's checks, errors and values stay theirs. ``python_types=False`` types every
+    field with ``from_json``."""
+    import json
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
     from materializer.sources.json_text import parse_one
 
     declared = reader.declared
     assert declared is not None and reader.lines is not None
-    reader.deferred_documents = parsed
     value = F.col("value")
     lines = reader.document_lines()  # as the VARIANT route reads them (files: blank lines skipped)
     fields = python_typed(json.loads(declared.json()), reader.hidden) if python_types else []
@@ -122,31 +162,26 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         # FAILFAST: a value from_json cannot read fails the job (explain names the document), it
         # never lands as a NULL.
         staged = staged.withColumn(FAST_JSON, F.when(ok, F.from_json(value, T.StructType(by_spark), {"mode": "FAILFAST"})))
-    checked = staged.withColumn("__parts", F.when(~ok, reader.variant_parts(lean=True))).withColumn(
-        "__problem", F.when(~ok, reader.problem(lean=True))
+    return staged
+
+
+def marked_lines(reader: Any, lines: Any) -> Any:
+    """``lines`` (``value`` first; documents only, no blank line) with :data:`OK` for the documents
+    the validator finds fast and ``__v`` parsed for the others only: what ``reader.checked`` judges
+    as it judges the VARIANT route's (the fast ones have no problem). Nothing is typed: for the
+    dead letters' texts (``DocumentReader.rejected``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from materializer.sources.json_text import parse_one
+
+    declared = reader.declared
+    assert declared is not None
+    marked = lines.mapInArrow(
+        document_check.check_batches(declared.json(), list(reader.keys), list(reader.hidden), typed=[], keep_text=True),
+        T.StructType([*lines.schema.fields, T.StructField(OK, T.BooleanType(), False), T.StructField(OP_COLUMN, T.StringType())]),
     )
-    tallies = Observation(f"documents_{uuid.uuid4().hex[:12]}")
-    good = checked.observe(tallies, *reader.tallies(), F.count_if(ok).alias("fast")).where(F.col("__problem").isNull())
-
-    def verify() -> int:
-        row = tallies.get
-        reader.fast = int(row["fast"])
-        shape = row["shape"]
-        if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
-            rereading(reader.store.uri, reader.small)
-            reader.check(parsed)  # the VARIANT route over every document names the refused ones
-            if not row["bad"]:
-                # The merged shape mixes kinds the declared types take each of (a TIMESTAMP from
-                # text and from seconds), and every document fits alone: the rows stand.
-                return int(row["n"])
-            raise SourceError(
-                f"{reader.store.uri}: a document of this transaction is refused by the staging job's checks but "
-                f"not by the full checks; nothing was applied. Set the Spark conf {VALIDATOR_CONF}=variant and "
-                "report this as a bug. " + reader.hint()
-            )
-        return int(row["n"])
-
-    return reader.rows(good, declared), verify
+    return marked.withColumn("__v", F.when(~F.col(OK), parse_one(F.col("value"))))
 
 
 def every_document_fast(reader: Any, *, files: bool = False) -> bool:

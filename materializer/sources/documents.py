@@ -234,6 +234,12 @@ class DocumentsSource(Source):
                 explain=reader.explain, lag=lag, verify=verify, small=small,
                 job_conf=ARROW_BATCHES_BY_RECORDS if reader.validator == "arrow" else {},
             )
+        if declared is not None and reader.validator == "arrow" and reader.dead_letter and not reader.sequence_by:
+            # Dead letters of a bigger epoch: the documents the validator finds fast need no
+            # check, so the check job and the staging job parse and judge the others only.
+            from materializer.sources.document_route import marked_documents
+
+            parsed = marked_documents(reader)
         count, schema = reader.check(parsed)
         if reader.bad_files:
             # on_invalid: dead_letter (docs: 'Dead letters'): the valid documents go on.
@@ -250,4 +256,5 @@ class DocumentsSource(Source):
             explain=reader.explain,
             lag=lag,
             small=small,
+            job_conf=ARROW_BATCHES_BY_RECORDS if "__ok" in parsed.columns else {},
         )

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import sqltypes
 from materializer.errors import SourceError
-from materializer.dead_letters import rejected_rows, split
+from materializer.dead_letters import split
 from materializer.columns import OP, SEQ
-from materializer.sources.document_refusals import LINE_SHOWN, each_fits_alone, first_misfit, refused_shapes, rereading, why
+from materializer.sources.document_refusals import LINE_SHOWN, dead_letter_rows, each_fits_alone, first_misfit, refused_shapes, rereading, why
 from materializer.sources.document_rules import EXACT_DIGITS, problem_column
 from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
 from materializer.sources.document_shapes import (
@@ -262,8 +262,15 @@ class DocumentReader:
 
     def checked(self, parsed: "DataFrame", lean: bool = False) -> "DataFrame":
         """``parsed`` with ``__problem``: per document, what is wrong with it alone (NULL: nothing).
-        The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top."""
-        return parsed.withColumn("__parts", self.variant_parts(lean)).withColumn("__problem", self.problem(lean))
+        The schema-level checks (:meth:`_verdict`) need the whole epoch's shape on top. Documents
+        the arrow validator marked fast (``__ok``, :func:`document_route.marked_documents`) have
+        no problem and no ``__v``: only the others are judged."""
+        parts, problem = self.variant_parts(lean), self.problem(lean)
+        if "__ok" in parsed.columns:
+            from pyspark.sql import functions as F
+
+            parts, problem = F.when(~F.col("__ok"), parts), F.when(~F.col("__ok"), problem)
+        return parsed.withColumn("__parts", parts).withColumn("__problem", problem)
 
     def tallies(self) -> list["Column"]:
         """The epoch's aggregate checks: documents, bad ones, the first bad one, the merged shape
@@ -304,7 +311,8 @@ class DocumentReader:
             self.bad_files = sorted(row["files"])
         elif row["bad"]:
             raise self._located(checked, row["first"], int(row["bad"]), None)
-        if row["n"] == 0 or self.bad == row["n"]:
+        # (No shape with a declared schema: every good document was found fast, so fits alone.)
+        if row["n"] == 0 or self.bad == row["n"] or (row["shape"] is None and self.declared is not None):
             from pyspark.sql import types as T
 
             return int(row["n"]), self.declared or T.StructType([])
@@ -427,21 +435,11 @@ class DocumentReader:
     # --- dead letters ---
 
     def rejected(self) -> "DataFrame":
-        """The invalid documents with their file's URI, line number and problem (``dead_letter``).
+        """The invalid documents with their file's URI, line number and problem (``dead_letter``):
+        :func:`materializer.sources.document_refusals.dead_letter_rows`."""
+        from materializer.sources.document_route import marked_lines
 
-        Numbered as the error path numbers them: the lines of their files only, in file order
-        (blank lines counted), a part-read file's lines carrying their number already."""
-        from pyspark.sql import functions as F
-
-        assert self.lines is not None
-        file = F.col(f"{SEQ}.file")
-        lines = with_line_numbers(self.lines.where(file.isin(self.bad_files)), "__n").withColumn(
-            "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.col("__n"))
-        )
-        checked = self.checked(self._with_variant(lines))
-        _good, bad = split(checked)
-        names = F.create_map(*[x for f in self.bad_files for x in (F.lit(f), F.lit(f"{self.store.uri}/{self._name(f)}"))])
-        return rejected_rows(bad, names[file], F.col("__line"))
+        return dead_letter_rows(self, marked_lines)
 
     # --- the rows ---
 
