@@ -169,7 +169,7 @@ def marked_lines(reader: Any, lines: Any) -> Any:
     """``lines`` (``value`` first; documents only, no blank line) with :data:`OK` for the documents
     the validator finds fast and ``__v`` parsed for the others only: what ``reader.checked`` judges
     as it judges the VARIANT route's (the fast ones have no problem). Nothing is typed: for the
-    dead letters' texts (``DocumentReader.rejected``)."""
+    dead letters' texts (``document_refusals.dead_letter_rows``)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 

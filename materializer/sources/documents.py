@@ -209,7 +209,7 @@ class DocumentsSource(Source):
         )
         change_controlled(reader, self.binding)
         from materializer.sources.document_route import SMALL_EPOCH_BYTES, every_document_fast, validator
-        from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS
+        from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
         reader.small = small
@@ -240,7 +240,8 @@ class DocumentsSource(Source):
             from materializer.sources.document_route import marked_documents
 
             parsed = marked_documents(reader)
-        count, schema = reader.check(parsed)
+        with session_confs(spark, ARROW_BATCHES_BY_RECORDS if "__ok" in parsed.columns else {}):
+            count, schema = reader.check(parsed)
         if reader.bad_files:
             # on_invalid: dead_letter (docs: 'Dead letters'): the valid documents go on.
             parsed, _bad = split(reader.checked(parsed))
