@@ -63,6 +63,11 @@ logger.fair.level = error
 # without partitions; materializer.sources.json_documents): Spark warns of it right above our error.
 logger.window.name = org.apache.spark.sql.execution.window.WindowExec
 logger.window.level = error
+# A staging job the checks refuse fails its tasks while they write their shuffle (the combine's
+# window sorts after the exchange, not before): Spark warns that it could not delete the temporary
+# files a failed task never created, right above our error.
+logger.shuffletmp.name = org.apache.spark.storage.DiskBlockObjectWriter
+logger.shuffletmp.level = error
 # A task that fails on a document's value (a declared type's cast, in the staging job) is what our
 # own error then names by file and line: Spark's report of the failed task (its Java stack trace,
 # thrice, ~100 lines) says the same in other words. Any other failure's cause is in our error too.
