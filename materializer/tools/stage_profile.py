@@ -117,12 +117,20 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         parquet(combine(rows), "ours-arrow-dead-letter")
         verify()
 
-    def ours_dead_letter_checked_parquet() -> None:
-        # on_invalid: dead_letter's own path (an epoch with a bad document; every epoch before the
-        # validator was asked): the check job over every document, then the staging job.
+    def ours_dead_letter_checked_parquet(marked: bool = True) -> None:
+        # on_invalid: dead_letter's own path (an epoch with a bad document): the check job, then
+        # the staging job, on the documents the validator marks as the runtime runs them (only the
+        # others parsed and judged); marked=False: every document on the VARIANT route (until
+        # 2026-11-29).
+        from materializer.sources.document_route import marked_documents
+
         r, parsed = reader("arrow", dead_letter=True)
-        _count, schema = r.check(parsed)
-        parquet(combine(r.rows(parsed, schema)), "ours-dead-letter-checked")
+        conf = ARROW_BATCHES_BY_RECORDS if marked else {}
+        if marked:
+            parsed = marked_documents(r)
+        with session_confs(spark, conf):
+            _count, schema = r.check(parsed)
+            parquet(combine(r.rows(parsed, schema)), "ours-dead-letter-checked")
 
     def ours_arrow_from_json_parquet() -> None:
         # The arrow validator as it was before it typed the scalars itself: from_json types all.
@@ -236,6 +244,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         "bare stage parquet, combined by max_by (before)": lambda: parquet(combine_max_by(_bare_rows(spark, path)), "bare-max-by"),
         "ours stage parquet, arrow validator, dead letters, none bad": ours_arrow_dead_letter_parquet,
         "ours stage parquet, dead letters' check job first (a bad one)": ours_dead_letter_checked_parquet,
+        "ours stage parquet, dead letters' check job first, every document parsed (before)": lambda: ours_dead_letter_checked_parquet(False),
         "ours stage parquet, arrow validator, each document alone (before)": ours_arrow_alone_parquet,
         "ours stage parquet, arrow validator, from_json types all (before)": ours_arrow_from_json_parquet,
         "ours stage parquet, every check in the job (before lean)": ours_parquet_full_checks,
