@@ -96,3 +96,41 @@ def test_the_colons_of_a_batch_are_counted_over_the_bytes_its_texts_span() -> No
             for stop in range(start, len(texts) + 1):
                 part = whole.slice(start, stop - start)
                 assert _colons(part, pa) == sum(t.count(":") for t in texts[start:stop]), (kind, start, stop)
+
+
+def _schema(fields: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields]}
+
+
+NEVER_FAST = [
+    ("timestamp", '"2026-11-29T08:00:00Z"'), ("timestamp_ntz", '"2026-11-29T08:00:00"'), ("date", '"2026-11-29"'),
+    ("decimal(10,2)", "12.5"), ("float", "1.5"), ({"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}, '{"a": 1}'),
+    ("binary", '"AQI="'), ("variant", "1"),
+]
+
+
+def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fast() -> None:
+    """fast_schema (the default validator's choice) agrees with the validator itself: a document
+    holding a value of a type it rejects is never fast (the arrow route would be a pass for
+    nothing), and one of a schema it accepts, at any depth, is."""
+    from materializer.sources.document_route import fast_schema
+
+    nested = {"type": "struct", "fields": [{"name": "n", "type": "integer", "nullable": True, "metadata": {}}]}
+    array = {"type": "array", "elementType": nested, "containsNull": True}
+    fits = _schema([("id", "long"), ("note", "string"), ("d", "double"), ("b", "boolean"), ("at", nested), ("xs", array)])
+    assert fast_schema(fits)
+    fast, _suspect, _columns, _whole = _compile(json.dumps(fits), ("id",), ())
+    text = b'{"id": 1, "note": "x", "d": 1.5, "b": true, "at": {"n": 2}, "xs": [{"n": 3}]}'
+    assert fast(text, text.count(b":")) is not None
+    for kind, value in NEVER_FAST:
+        for where in ("top", "nested", "array"):
+            inner = {"type": "struct", "fields": [{"name": "v", "type": kind, "nullable": True, "metadata": {}}]}
+            field = {"top": kind, "nested": inner, "array": {"type": "array", "elementType": inner, "containsNull": True}}[where]
+            schema = _schema([("id", "long"), ("v", field)])
+            assert not fast_schema(schema), (kind, where)
+            doc = {"top": value, "nested": '{"v": %s}' % value, "array": '[{"v": %s}]' % value}[where]
+            text = ('{"id": 1, "v": %s}' % doc).encode()
+            fast, _suspect, _columns, _whole = _compile(json.dumps(schema), ("id",), ())
+            assert fast(text, text.count(b":")) is None, (kind, where)
+            # Null or absent, such a field does not keep a document from being fast.
+            assert fast(b'{"id": 1, "v": null}', 2) is not None and fast(b'{"id": 1}', 1) is not None

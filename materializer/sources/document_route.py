@@ -17,7 +17,7 @@ from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PR
 
 __all__ = [
     "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
-    "deferred", "every_document_fast", "explain", "marked_documents", "marked_lines", "typed_fast", "validator",
+    "deferred", "every_document_fast", "explain", "fast_schema", "marked_documents", "marked_lines", "typed_fast", "validator",
 ]
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
@@ -42,19 +42,22 @@ SMALL_EPOCH_RECORDS = 10_000
 """The same for a topic's epoch, in records (its bytes are known only once read)."""
 
 
-def validator(spark: Any, *, small: bool = False) -> str:
+def validator(spark: Any, *, small: bool = False, declared: Any = None) -> str:
     """The validator the session asks for (:data:`VALIDATOR_CONF`). Unset, the arrow validator
-    when the driver's Python has what it needs and the epoch is not ``small``
-    (:data:`SMALL_EPOCH_BYTES`), else the VARIANT route: both give the same tables and the same
-    refusals, so the choice is one of cost only."""
+    when the driver's Python has what it needs, the epoch is not ``small``
+    (:data:`SMALL_EPOCH_BYTES`) and the declared schema (``declared``, a ``StructType``) is one
+    whose documents the validator can find fast (:func:`fast_schema`), else the VARIANT route:
+    both give the same tables and the same refusals, so the choice is one of cost only."""
     import importlib.util
+    import json
 
     from materializer.errors import ConfigError
 
     chosen = (spark.conf.get(VALIDATOR_CONF, "") or "").strip().lower()
     missing = [name for name in DRIVER_NEEDS if importlib.util.find_spec(name) is None]
     if not chosen:
-        return DEFAULT_VALIDATOR if not missing and not small else "variant"
+        fits = declared is None or fast_schema(json.loads(declared.json()))
+        return DEFAULT_VALIDATOR if not missing and not small and fits else "variant"
     if chosen not in ("arrow", "variant"):
         raise ConfigError(f"Spark conf {VALIDATOR_CONF} is {chosen!r}; it must be 'arrow' or 'variant'")
     if chosen == "arrow" and missing:
@@ -63,6 +66,27 @@ def validator(spark: Any, *, small: bool = False) -> str:
             "them (pip install 'delta-materializer[local]' brings them), or set the conf to 'variant'"
         )
     return chosen
+
+
+def fast_schema(schema: dict[str, Any]) -> bool:
+    """Whether a document that holds a value in every field of ``schema`` (Spark's JSON form) can
+    be fast: every field, at any depth, a whole number, a DOUBLE, a BOOLEAN, a STRING, or a struct
+    or array of them (:data:`document_check.PYTHON_TYPES`). A document holding a TIMESTAMP, a DATE,
+    a DECIMAL, a FLOAT, a map or binary value is never fast (the validator cannot promise that
+    ``from_json`` reads it as the VARIANT route does), so with such fields nearly every document
+    would take the VARIANT route after the validator's pass: a pass for nothing, which doubled the
+    CPU of an epoch whose documents carry a timestamp and a decimal (docs, Performance)."""
+
+    def fits(dtype: Any) -> bool:
+        if isinstance(dtype, dict):
+            if dtype["type"] == "struct":
+                return all(fits(f["type"]) for f in dtype["fields"])
+            if dtype["type"] == "array":
+                return fits(dtype["elementType"])
+            return False
+        return dtype in document_check.PYTHON_TYPES
+
+    return fits(schema)
 
 
 FAST_JSON = "__j"

@@ -214,7 +214,7 @@ class DocumentsSource(Source):
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
         reader.small = small
         if declared is not None:
-            reader.validator = validator(spark, small=small)
+            reader.validator = validator(spark, small=small, declared=declared)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
         if (

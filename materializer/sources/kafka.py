@@ -149,7 +149,7 @@ class KafkaSource(KafkaTransport, Source):
             # semantic types) or sequence_by; for dead letters only when the validator finds every
             # record fast (as for files: none can be a dead letter then), the range kept for
             # whichever job comes next.
-            chosen = validator(spark, small=small)
+            chosen = validator(spark, small=small, declared=reader.declared)
             deferred = not reader.dead_letter
             if deferred:
                 self._release()  # (a replay's records, say)
