@@ -98,7 +98,7 @@ def test_a_value_that_does_not_fit_the_declared_schema_is_dead_lettered_and_fail
 BAD_ALONE = [
     ("not json", "not valid JSON"),
     ('{"id": %d, "v": "x"} trailing', "text after"),
-    ('{"id": %d, "v": "x", "v": "y"}', "not valid JSON"),  # two equal keys: Spark's parser refuses them
+    ('{"id": %d, "v": "x", "v": "y"}', "an object holds one key twice"),  # Spark's parser refuses two equal keys
     ('{"v": "no key"}', "key field 'id' is missing"),
     ('{"id": %d, "zz": 1}', "field 'zz' is not in"),
     ('{"id": %d, "s": {"a": 1, "deep": 2}}', "field 's.deep' is not in"),

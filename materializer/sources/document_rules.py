@@ -59,8 +59,11 @@ def problem_column(
         ),
         (
             v.isNull(),
+            # Spark's parser refuses an object holding one key twice (which value is meant?): named
+            # here, since such a line looks like valid JSON to a reader.
             "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
-            "16 MB, nesting deeper than 1000, a number of about 1000 digits); Spark cannot read it, so it cannot land",
+            "16 MB, nesting deeper than 1000, a number of about 1000 digits), or an object holds one key twice; "
+            "Spark cannot read it, so it cannot land",
         ),
         # Valid JSON that no struct cast takes: an array or a scalar.
         (parts.isNull(), "a document must be a JSON object"),
