@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pyarrow as pa
+import pytest
+from msgspec import UNSET
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -26,14 +28,15 @@ SCHEMA = json.dumps({
 TYPED = [name for name, _kind in python_typed(json.loads(SCHEMA), ())]
 
 
-def _rows(lines: list[str], whole: bool, keep_text: bool) -> list[dict[str, Any]]:
-    run = check_batches(SCHEMA, ["id"], [], typed=TYPED, keep_text=keep_text, whole_batches=whole)
+def _rows(lines: list[str], whole: bool, keep_text: bool, schema: str = SCHEMA) -> list[dict[str, Any]]:
+    typed = [name for name, _kind in python_typed(json.loads(schema), ())]
+    run = check_batches(schema, ["id"], [], typed=typed, keep_text=keep_text, whole_batches=whole)
     batch = pa.RecordBatch.from_arrays([pa.array(lines, pa.string())], names=["value"])
     return [row for out in run(iter([batch])) for row in out.to_pylist()]
 
 
-def _checked(lines: list[str], whole: bool, keep_text: bool) -> str:
-    return repr(_rows(lines, whole, keep_text))  # repr: a -0.0 that became 0.0 would differ
+def _checked(lines: list[str], whole: bool, keep_text: bool, schema: str = SCHEMA) -> str:
+    return repr(_rows(lines, whole, keep_text, schema))  # repr: a -0.0 that became 0.0 would differ
 
 
 def test_a_batch_of_fast_documents_is_judged_whole_and_as_each_alone() -> None:
@@ -103,10 +106,12 @@ def _schema(fields: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 NEVER_FAST = [
-    ("timestamp", '"2026-11-29T08:00:00Z"'), ("timestamp_ntz", '"2026-11-29T08:00:00"'), ("date", '"2026-11-29"'),
-    ("decimal(10,2)", "12.5"), ("float", "1.5"), ({"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}, '{"a": 1}'),
-    ("binary", '"AQI="'), ("variant", "1"),
+    ("timestamp_ntz", '"2026-11-29T08:00:00"'), ("float", "1.5"),
+    ({"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}, '{"a": 1}'), ("binary", '"AQI="'), ("variant", "1"),
 ]
+"""Types whose values make no document fast, at any depth."""
+TOP_ONLY = [("timestamp", '"2026-11-29T08:00:00Z"'), ("date", '"2026-11-29"'), ("decimal(10,2)", "12.5")]
+"""Types the validator types at the top level only; inside a struct or an array, never fast."""
 
 
 def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fast() -> None:
@@ -117,13 +122,15 @@ def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fas
 
     nested = {"type": "struct", "fields": [{"name": "n", "type": "integer", "nullable": True, "metadata": {}}]}
     array = {"type": "array", "elementType": nested, "containsNull": True}
-    fits = _schema([("id", "long"), ("note", "string"), ("d", "double"), ("b", "boolean"), ("at", nested), ("xs", array)])
+    fits = _schema([("id", "long"), ("note", "string"), ("d", "double"), ("b", "boolean"), ("at", nested), ("xs", array), ("t", "timestamp"), ("day", "date"), ("p", "decimal(10,2)")])
     assert fast_schema(fits)
     fast, _suspect, _columns, _whole = _compile(json.dumps(fits), ("id",), ())
-    text = b'{"id": 1, "note": "x", "d": 1.5, "b": true, "at": {"n": 2}, "xs": [{"n": 3}]}'
+    text = b'{"id": 1, "note": "x", "d": 1.5, "b": true, "at": {"n": 2}, "xs": [{"n": 3}], "t": "2026-11-29T08:00:00Z", "day": "2026-11-29", "p": 1.5}'
     assert fast(text, text.count(b":")) is not None
-    for kind, value in NEVER_FAST:
+    for kind, value in NEVER_FAST + TOP_ONLY:
         for where in ("top", "nested", "array"):
+            if where == "top" and (kind, value) in TOP_ONLY:
+                continue
             inner = {"type": "struct", "fields": [{"name": "v", "type": kind, "nullable": True, "metadata": {}}]}
             field = {"top": kind, "nested": inner, "array": {"type": "array", "elementType": inner, "containsNull": True}}[where]
             schema = _schema([("id", "long"), ("v", field)])
@@ -134,3 +141,65 @@ def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fas
             assert fast(text, text.count(b":")) is None, (kind, where)
             # Null or absent, such a field does not keep a document from being fast.
             assert fast(b'{"id": 1, "v": null}', 2) is not None and fast(b'{"id": 1}', 1) is not None
+
+
+STAMPED = json.dumps(_schema([("id", "long"), ("at", "timestamp"), ("day", "date"), ("price", "decimal(10,2)"), ("note", "string")]))
+
+
+@pytest.mark.parametrize(
+    ("value", "typed"),
+    [
+        ('"at": "2026-11-29T08:00:00Z"', 1795939200000000),
+        ('"at": "2026-11-29T08:00:00.5+01:00"', 1795935600500000),
+        ('"at": "1969-12-31T23:59:59.999999-00:30"', 1799999999),
+        ('"at": "0001-01-01T00:00:00Z"', -62135596800000000),
+        ('"at": "0001-01-01T00:00:00+01:00"', None),  # before Spark's range
+        ('"at": "9999-12-31T23:59:59.999999-01:00"', None),  # after it
+        ('"at": "2026-11-29T08:00:00+19:00"', None),  # beyond Spark's offsets
+        ('"at": "2026-11-29 08:00:00Z"', None),  # a space for the T: the VARIANT route decides
+        ('"at": "2026-11-29T08:00:00"', None),  # no zone: the session's decides
+        ('"at": "2026-11-29T08:00:00.1234567Z"', None),  # nanoseconds
+        ('"at": "2026-11-31T08:00:00Z"', None),
+        ('"at": "2026-11-29T24:00:00Z"', None),
+        ('"at": 1700000000', None),
+        ('"day": "2026-11-29"', 20786),
+        ('"day": "1969-12-31"', -1),
+        ('"day": "2024-02-30"', None),
+        ('"day": "2024-2-3"', None),
+        ('"price": 12.5', "12.5"),
+        ('"price": -0.00', "-0.00"),
+        ('"price": 99999999.99', "99999999.99"),
+        ('"price": 0.01', "0.01"),
+        ('"price": 7', "7"),
+        ('"price": 123456789.5', None),  # nine digits before the point: beyond DECIMAL(10,2)
+        ('"price": 1.005', None),  # would round: the VARIANT route decides
+        ('"price": 1e1', None),
+        ('"price": "12.5"', None),
+        ('"price": [1]', None),
+        ('"at": null, "day": null, "price": null', "nulls"),
+    ],
+)
+def test_timestamps_dates_and_decimals_are_typed_exactly_or_left_to_the_variant_route(value: str, typed: Any) -> None:
+    fast, _suspect, _columns, _whole = _compile(STAMPED, ("id",), ())
+    text = ("{" + '"id": 1, ' + value + "}").encode()
+    values = fast(text, text.count(b":"))
+    if typed is None:
+        assert values is None
+        return
+    assert values is not None
+    got = [v for v in values[1:4] if v is not UNSET]
+    if typed == "nulls":
+        assert got == [None, None, None]
+    else:
+        assert [str(v) for v in got] == [str(typed)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(["id", "note", "at", "day", "price"]), min_size=1, max_size=30), keep_text=st.booleans())
+def test_generated_batches_with_timestamps_dates_and_decimals_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
+    alone = _checked(corpus, False, keep_text, STAMPED)
+    assert _checked(corpus, True, keep_text, STAMPED) == alone
+    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text, STAMPED)) if row[OK]]
+    event(f"fast documents: {'none' if not fast else 'some'}")
+    if fast:
+        assert _checked(fast, True, keep_text, STAMPED) == _checked(fast, False, keep_text, STAMPED)

@@ -23,9 +23,13 @@ the VARIANT route also refuses, so the decoder's result is checked further:
   reads it as a float: a run of 39 digits anywhere makes the document not fast.
 * **values Spark and msgspec could read differently**: only integers, doubles, booleans and
   strings (a STRING field taking a JSON string; another kind is kept as its text by the VARIANT
-  route), structs and arrays of them are typed here; a field of any other declared type
-  (timestamps, dates, decimals, floats, maps, binary) makes a document fast only when it is null
-  or absent. A ``-0`` fraction (the VARIANT route drops the sign) is not fast either.
+  route), structs and arrays of them are typed here, and at the top level timestamps, dates and
+  decimals in the one form each that Spark's cast and this module read alike: an RFC 3339 text
+  with its zone within Spark's range (:data:`document_values.TIMESTAMP_TEXT`), an ISO date, a plain number whose
+  digits fit the decimal without rounding (:data:`document_values.PLAIN_NUMBER`). A field of any other declared
+  type (floats, maps, binary; timestamps, dates and decimals inside a struct or an array), and a
+  timestamp, date or decimal in another form, makes a document fast only when it is null or
+  absent. A ``-0`` fraction (the VARIANT route drops the sign) is not fast either.
 
 Names Delta refuses and names that differ only in case are never fast: the declared schema has
 none (``parse_schema`` refuses them), and ``forbid_unknown_fields`` compares names exactly.
@@ -33,9 +37,11 @@ none (``parse_schema`` refuses them), and ``forbid_unknown_fields`` compares nam
 A fast document's top-level whole numbers, DOUBLEs, BOOLEANs and STRINGs are typed here, from
 the values msgspec decoded (:func:`python_typed`): they are exact (a whole number within its
 range, a double correctly rounded as Java's parser rounds it, a negative zero never fast), and
-typing them costs less in Python than ``from_json``'s parse in the JVM (docs, Performance). Its
-other declared fields, nested or of a type Spark's verdict must decide (timestamps, dates,
-decimals, floats), are typed by ``from_json`` with ``mode FAILFAST``: where it still cannot read a
+typing them costs less in Python than ``from_json``'s parse in the JVM (docs, Performance). So
+are its top-level timestamps, dates and decimals, by Arrow's parsers for a whole batch
+(:func:`document_values.arrow_converted`) or Python's for one document (:data:`document_values.CONVERTERS`); a test holds the two
+to each other and both to the VARIANT route. Its other declared fields, nested or of a type
+Spark's verdict must decide (floats), are typed by ``from_json`` with ``mode FAILFAST``: where it still cannot read a
 value the staging job fails and the VARIANT route's checks (error path only) name the document;
 a value it cannot read never becomes a NULL. Without such fields a fast document's text does not
 go back to Spark at all. ``tests/test_documents_arrow.py`` holds both to the VARIANT route.
@@ -49,6 +55,8 @@ with :data:`MISSING`, one paragraph, instead of a worker traceback.
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
+
+from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, converted, decimal_type, required, unset_as_none
 
 OK = "__ok"
 """The column ``mapInArrow`` adds: whether the document is fast."""
@@ -86,7 +94,7 @@ def _compile(
     fast (checked per batch, vectorized); and the columns of a batch's fast documents
     (:func:`typed_columns`: the op, then each field :func:`python_typed` names)."""
     import msgspec
-    from msgspec import UNSET, Meta, UnsetType
+    from msgspec import UNSET, Meta, Raw, UnsetType
     from typing import Annotated
 
     import json
@@ -94,9 +102,19 @@ def _compile(
     counter = [0]
     scalar_keys = [True]
     top_index: dict[str, int] = {}
+    converters: dict[int, Callable[[Any], Any]] = {}  # top-level index: its value typed (CONVERTERS)
 
-    def leaf(dtype: Any) -> tuple[Any, Any]:
-        """(msgspec type, walker spec) of a declared type; the type accepts null."""
+    def leaf(dtype: Any, top: bool = False) -> tuple[Any, Any]:
+        """(msgspec type, walker spec) of a declared type; the type accepts null. At the top
+        level only, timestamps and dates (a string; of :data:`document_values.TIMESTAMP_TEXT` or :data:`document_values.DATE_TEXT`
+        once typed) and decimals (any JSON value, kept raw: plain numbers only once typed) too;
+        :data:`document_values.CONVERTERS` types them."""
+        if top and converted(dtype) is not None:
+            if dtype in ("timestamp", "date"):
+                # Their texts' form is checked after (per batch in Arrow, or by _timestamp and
+                # _date): a pattern here cost msgspec half a microsecond per value.
+                return str | None, "str"
+            return Raw, None  # (msgspec's Raw in a union takes null only: a JSON null is b"null")
         if isinstance(dtype, dict):
             kind = dtype["type"]
             if kind == "struct":
@@ -126,14 +144,16 @@ def _compile(
                 continue
             if top:
                 top_index[name] = len(members)
-            kind, spec = leaf(field["type"])
+                if (conversion := converted(field["type"])) is not None:
+                    converters[len(members)] = conversion if name not in keys else (lambda v, c=conversion: required(c(v)))
+            kind, spec = leaf(field["type"], top)
             attr = f"f{len(members)}"
             rename[attr] = name
             if top and name in keys:
                 # Required and not null; a key must be a scalar, so a struct, an array or a type
                 # typed here only when null makes no document fast.
                 scalar_keys[0] = scalar_keys[0] and spec in (None, "str") and kind is not type(None) and not isinstance(field["type"], dict)
-                members.append((attr, kind.__args__[0] if kind is not type(None) else kind))
+                members.append((attr, kind if kind is type(None) or kind is Raw else kind.__args__[0]))
             else:
                 members.append((attr, kind | UnsetType, UNSET))
             if spec is not None:
@@ -199,9 +219,24 @@ def _compile(
             value = values[index]
             if value == 0.0 and value is not UNSET and value is not None and copysign(1.0, value) < 0:
                 return None
-        if flat and colons == len(values) - values.count(UNSET):
-            return values
-        return values if colons == count(doc, spec) else None
+        if not (flat and colons == len(values) - values.count(UNSET)) and colons != count(doc, spec):
+            return None
+        if converters:
+            try:
+                return convert(values)
+            except CONVERSION_ERRORS:
+                return None
+        return values
+
+    def convert(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``values`` with the top-level timestamps, dates and decimals typed (raises
+        :data:`CONVERSION_ERRORS` for a value that is not fast)."""
+        out = list(values)
+        for index, conversion in converters.items():
+            value = out[index]
+            if value is not None and value is not UNSET:
+                out[index] = conversion(value)
+        return tuple(out)
 
     meta = len(top.__struct_fields__) - 1
 
@@ -217,7 +252,7 @@ def _compile(
     from operator import attrgetter
 
     getters = [attrgetter(name) for name in top.__struct_fields__]
-    strings = [index for index, inner in spec[1] if inner == "str"]
+    strings = [index for index, inner in spec[1] if inner == "str" and index not in converters]
     # The whole batch at once is for schemas without nested values or names holding ":" (the
     # others take the per-document path): there a document's keys kept and ":" inside strings are
     # its set top-level fields, the ":" in its STRING values and what its _meta holds.
@@ -225,8 +260,9 @@ def _compile(
 
     def whole(texts: list[Any]) -> "tuple[list[list[Any]], int, list[int]] | None":
         """Every document of a batch decoded, as columns (one list per top-level field, ``_meta``
-        last; UNSET where absent), the keys and ``_meta.op`` ":" they account for, and the
-        indexes of the STRING columns (whose ":" the caller adds, counted by Arrow); None when a
+        last; UNSET where absent; timestamps, dates and decimals as decoded, untyped), the keys
+        and ``_meta.op`` ":" they account for, and the indexes of the STRING columns (whose ":"
+        the caller adds, counted by Arrow, as it adds the timestamps' and dates'); None when a
         document is not fast alone (the caller then decides per document). Each text is decoded
         alone (one C call per document through ``map``, no Python frame), so no document's
         values can come from another's text."""
@@ -244,6 +280,8 @@ def _compile(
             col = cols[index]
             if 0.0 in col and any(v == 0.0 and copysign(1.0, v) < 0 for v in col if v is not UNSET and v is not None):
                 return None
+        # (The timestamps', dates' and decimals' columns are typed, and the ":" in the first two
+        # counted, by the caller: document_values.arrow_converted, in Arrow.)
         return cols, kept, strings
 
     if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
@@ -260,10 +298,27 @@ STRING field holding another kind is never fast)."""
 
 def python_typed(schema: dict[str, Any], hidden: "tuple[str, ...] | list[str]") -> list[tuple[str, str]]:
     """The top-level fields of ``schema`` (Spark's JSON form) that the validator types itself
-    (name, Spark type name), in the schema's order: those of :data:`PYTHON_TYPES`. A fast
-    document's other fields are nested (typed by ``from_json``) or of a type whose value makes
-    no document fast but a null."""
-    return [(f["name"], f["type"]) for f in schema["fields"] if isinstance(f["type"], str) and f["type"] in PYTHON_TYPES and f["name"] not in hidden]
+    (name, Spark type name), in the schema's order: those of :data:`PYTHON_TYPES`, timestamps,
+    dates and decimals (:data:`document_values.CONVERTERS`). A fast document's other fields are nested (typed by
+    ``from_json``) or of a type whose value makes no document fast but a null."""
+    return [
+        (f["name"], f["type"]) for f in schema["fields"]
+        if isinstance(f["type"], str) and (f["type"] in PYTHON_TYPES or converted(f["type"]) is not None) and f["name"] not in hidden
+    ]
+
+
+def arrow_type(kind: str, pa: Any) -> Any:
+    """The Arrow type of a :func:`python_typed` field's values as the validator sends them back:
+    a timestamp as microseconds since the epoch (INT64), a date as days (INT32), Spark turns them
+    into its types (``timestamp_micros``, ``date_from_unix_date``)."""
+    if kind in PYTHON_TYPES:
+        return getattr(pa, PYTHON_TYPES[kind])()
+    if kind == "timestamp":
+        return pa.int64()
+    if kind == "date":
+        return pa.int32()
+    precision, scale = decimal_type(kind)
+    return pa.decimal128(precision, scale)
 
 
 SUSPECT = r"\\u003[aA]"
@@ -302,8 +357,9 @@ def check_batches(
             raise RuntimeError(MISSING) from None
         fast, suspect, columns, whole = _compiled(key)
         kinds = dict(python_typed(json.loads(schema_json), hidden))
-        types = [getattr(pa, PYTHON_TYPES[kinds[name]])() for name in typed or []]
+        types = [arrow_type(kinds[name], pa) for name in typed or []]
         positions = {name: index for index, name in enumerate(_top_names(schema_json, hidden))}
+        conversions = [(positions[name], kind, name in keys) for name, kind in kinds.items() if converted(kind) is not None]
         for batch in batches:
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
@@ -315,9 +371,11 @@ def check_batches(
                 found = whole(text.to_pylist())
                 if found is not None:
                     cols, kept, strings = found
-                    arrays = {i: pa.array(_unset_as_none(cols[i]), pa.string()) for i in strings}
+                    arrays = {i: pa.array(unset_as_none(cols[i]), pa.string()) for i in strings}
                     kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings)
-                    if kept == _colons(text, pa):
+                    typed_here = arrow_converted(cols, conversions, pa, pc) if conversions else ({}, 0)
+                    if typed_here is not None and kept + typed_here[1] == _colons(text, pa):
+                        arrays.update(typed_here[0])
                         # Every document is fast: a text holds at least the ":" its decoded value
                         # accounts for, so equal sums mean equal counts, document by document.
                         yield _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
@@ -337,8 +395,8 @@ def check_batches(
                 values = columns(docs, typed)
                 out.append(pa.array(values[0], pa.string()))
                 names.append(OP_COLUMN)
-                for index, (column, arrow_type) in enumerate(zip(values[1:], types)):
-                    out.append(pa.array(column, arrow_type))
+                for index, (column, sent_as) in enumerate(zip(values[1:], types)):
+                    out.append(pa.array(column, sent_as))
                     names.append(f"{TYPED_PREFIX}{index}")
             if not keep_text:
                 out[0] = pc.if_else(ok, pa.nulls(len(ok), batch.column(0).type), batch.column(0))
@@ -365,12 +423,6 @@ def _top_names(schema_json: str, hidden: "tuple[str, ...] | list[str]") -> list[
     return [f["name"] for f in json.loads(schema_json)["fields"] if f["name"] not in hidden]
 
 
-def _unset_as_none(values: list[Any]) -> list[Any]:
-    from msgspec import UNSET
-
-    return values if UNSET not in values else [None if v is UNSET else v for v in values]
-
-
 def _whole_batch(batch: Any, cols: list[list[Any]], arrays: dict[int, Any], typed: list[str], types: list[Any], positions: dict[str, int], keep_text: bool, pa: Any, pc: Any) -> Any:
     """The output of :func:`check_batches` for a batch whose documents are all fast."""
     from msgspec import UNSET
@@ -383,12 +435,12 @@ def _whole_batch(batch: Any, cols: list[list[Any]], arrays: dict[int, Any], type
         ops = pa.array(["d" if m is not UNSET and m.op == "d" else "u" for m in metas], pa.string())
     out = [*batch.columns, pc.is_valid(batch.column(0)), ops]
     names = [*batch.schema.names, OK, OP_COLUMN]
-    for index, (name, arrow_type) in enumerate(zip(typed, types)):
+    for index, (name, sent_as) in enumerate(zip(typed, types)):
         position = positions[name]
-        if position in arrays and arrays[position].type == arrow_type:
+        if position in arrays and arrays[position].type == sent_as:
             out.append(arrays[position])
         else:
-            out.append(pa.array(_unset_as_none(cols[position]), arrow_type))
+            out.append(pa.array(unset_as_none(cols[position]), sent_as))
         names.append(f"{TYPED_PREFIX}{index}")
     if not keep_text:
         out[0] = pa.nulls(n, batch.column(0).type)

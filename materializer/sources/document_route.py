@@ -71,11 +71,12 @@ def validator(spark: Any, *, small: bool = False, declared: Any = None) -> str:
 def fast_schema(schema: dict[str, Any]) -> bool:
     """Whether a document that holds a value in every field of ``schema`` (Spark's JSON form) can
     be fast: every field, at any depth, a whole number, a DOUBLE, a BOOLEAN, a STRING, or a struct
-    or array of them (:data:`document_check.PYTHON_TYPES`). A document holding a TIMESTAMP, a DATE,
-    a DECIMAL, a FLOAT, a map or binary value is never fast (the validator cannot promise that
-    ``from_json`` reads it as the VARIANT route does), so with such fields nearly every document
-    would take the VARIANT route after the validator's pass: a pass for nothing, which doubled the
-    CPU of an epoch whose documents carry a timestamp and a decimal (docs, Performance)."""
+    or array of them (:data:`document_check.PYTHON_TYPES`), and at the top level a TIMESTAMP, a
+    DATE or a DECIMAL too (:data:`document_check.CONVERTERS`). A document holding a FLOAT, a map
+    or binary value, or a timestamp, date or decimal inside a struct or an array, is never fast
+    (the validator cannot promise that ``from_json`` reads it as the VARIANT route does), so with
+    such fields nearly every document would take the VARIANT route after the validator's pass: a
+    pass for nothing, which doubled the CPU of such an epoch (docs, Performance)."""
 
     def fits(dtype: Any) -> bool:
         if isinstance(dtype, dict):
@@ -86,7 +87,7 @@ def fast_schema(schema: dict[str, Any]) -> bool:
             return False
         return dtype in document_check.PYTHON_TYPES
 
-    return fits(schema)
+    return all(fits(f["type"]) or document_check.converted(f["type"]) is not None for f in schema["fields"])
 
 
 FAST_JSON = "__j"
@@ -175,7 +176,7 @@ def marked_documents(reader: Any, *, python_types: bool = True) -> Any:
                 *lines.schema.fields,
                 T.StructField(OK, T.BooleanType(), False),
                 T.StructField(OP_COLUMN, T.StringType()),
-                *[T.StructField(f"{TYPED_PREFIX}{i}", dtype) for i, dtype in enumerate(by_python.values())],
+                *[T.StructField(f"{TYPED_PREFIX}{i}", _sent_as(dtype)) for i, dtype in enumerate(by_python.values())],
             ]
         ),
     )
@@ -243,6 +244,19 @@ def every_document_fast(reader: Any, *, files: bool = False) -> bool:
         raise
 
 
+def _sent_as(dtype: Any) -> Any:
+    """The Spark type of a :func:`python_typed` field's values as the validator sends them
+    (:func:`document_check.arrow_type`): a TIMESTAMP as a LONG of microseconds, a DATE as an INT
+    of days; :func:`typed_fast` turns them back."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.TimestampType):
+        return T.LongType()
+    if isinstance(dtype, T.DateType):
+        return T.IntegerType()
+    return dtype
+
+
 def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
     """A declared field: for a fast document the validator's value (:func:`python_typed`) or
     ``from_json``'s (the other fields); ``column`` (the VARIANT route's) for the others.
@@ -256,6 +270,10 @@ def typed_fast(column: Any, name: str, reader: Any, columns: list[str]) -> Any:
             # mapInArrow's rows carry the type the client declared them with, which Spark Connect
             # spells with its collation: cast to the plain type, as every cast is (sqltypes).
             fast = fast.cast(sqltypes.plain(dtype))
+        elif dtype.typeName() == "timestamp":
+            fast = F.timestamp_micros(fast)  # the validator's microseconds since the epoch
+        elif dtype.typeName() == "date":
+            fast = F.date_from_unix_date(fast)  # the validator's days since the epoch
     elif FAST_JSON in columns:
         fast = F.col(FAST_JSON)[name]
     else:
