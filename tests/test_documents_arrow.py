@@ -429,6 +429,55 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     assert [(r["epoch"], r["line"]) for r in delta_rs_list(f"{table}_dead_letters")] == [(2, 2)]
 
 
+def test_timestamps_dates_and_decimals_the_validator_types_land_exactly_over_spark_connect(connect_spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """The validator's own typing of top-level TIMESTAMPs, DATEs and DECIMALs
+    (document_values), through a Connect server: delta-rs reads the documents' own instants,
+    days and digits, and the table is the one the VARIANT route writes from the same files,
+    values in other forms (the VARIANT route's to type) included."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from materializer.runtime import Runtime
+    from materializer.sources import document_check
+    from tests.helpers import binding, delta_rs_rows, write_jsonl
+    from tests.test_holes import config_with
+
+    spark = connect_spark
+    typed: list[list[str]] = []
+    original = document_check.check_batches
+    monkeypatch.setattr(document_check, "check_batches", lambda *a, **k: (typed.append(list(k.get("typed") or [])), original(*a, **k))[1])
+    write_jsonl(tmp_path / "src" / "a.jsonl", [
+        {"id": 1, "at": "2026-11-29T08:00:00.5+01:00", "day": "2026-11-29", "price": 12.5},
+        {"id": 2, "at": "1969-12-31T23:59:59.999999Z", "day": "1969-12-31", "price": -0.01},
+        {"id": 3, "price": 7, "at": None},
+        {"id": 5, "at": "2026-11-29T08:00:00-18:00", "day": "0001-01-03"},
+    ])  # every document fast: the batch is typed whole, by Arrow's casts
+    write_jsonl(tmp_path / "src" / "b.jsonl", [
+        {"id": 4, "at": "2026-11-29T08:00:00.1234567Z", "price": 99999999.99},  # nanoseconds: the VARIANT route's
+        {"id": 6, "at": "2026-11-29T08:00:00Z", "day": "2026-11-29", "price": 0.5},  # typed alone, by Python's
+    ])
+    schema = "id BIGINT, at TIMESTAMP, day DATE, price DECIMAL(10,2)"
+    tables = {}
+    for validator in ("arrow", "variant"):
+        tables[validator] = tmp_path / validator / "table"
+        config = config_with(tmp_path / validator, [binding("items", tmp_path / "src", tables[validator], schema=schema)])
+        spark.conf.set(VALIDATOR_CONF, validator)
+        try:
+            Runtime(config, spark).run()
+        finally:
+            spark.conf.unset(VALIDATOR_CONF)
+    assert typed and typed[0] == ["id", "at", "day", "price"]  # the arrow run typed them in the validator
+    rows = delta_rs_rows(tables["arrow"], ["id"])
+    assert rows == delta_rs_rows(tables["variant"], ["id"])
+    # (delta-rs gives a TIMESTAMP as a UTC datetime without its zone.)
+    assert rows[(1,)] == {"id": 1, "at": dt.datetime(2026, 11, 29, 7, 0, 0, 500000), "day": dt.date(2026, 11, 29), "price": Decimal("12.50")}
+    assert rows[(2,)] == {"id": 2, "at": dt.datetime(1969, 12, 31, 23, 59, 59, 999999), "day": dt.date(1969, 12, 31), "price": Decimal("-0.01")}
+    assert rows[(3,)] == {"id": 3, "price": Decimal("7.00")}
+    assert rows[(5,)]["at"] == dt.datetime(2026, 11, 30, 2, 0) and rows[(5,)]["day"] == dt.date(1, 1, 3)
+    assert rows[(4,)]["price"] == Decimal("99999999.99")
+    assert rows[(6,)] == {"id": 6, "at": dt.datetime(2026, 11, 29, 8, 0), "day": dt.date(2026, 11, 29), "price": Decimal("0.50")}
+
+
 @pytest.mark.slow
 def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """Spark's verdict is final: were the validator to pass a value from_json cannot read (here
