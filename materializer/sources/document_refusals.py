@@ -63,22 +63,28 @@ def why(text: str, problems: list[str] | None, declared: "StructType | None") ->
     return (problems or ["a document is refused"])[0]
 
 
-def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[str, str]:
+def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> tuple[dict[str, str], "dict[str, Any] | None"]:
     """The good documents' shapes (of ``checked``, which has ``__v``, ``__problem`` and ``value``)
     that do not fit the declared schema alone, each with its problem as the ``fail`` error words it
-    for the shape's first document; none when the epoch's merged shape (``row["shape"]``) fits."""
+    for the shape's first document; none when the epoch's merged shape (``row["shape"]``) fits.
+    With them, the epoch's tallies (``row``, :meth:`DocumentReader.tallies`) as checking it again
+    with those shapes refused would count them, from the same job that found the shapes (no
+    ``shape``: every document left fits the declared schema alone, so the verdict is that schema)."""
     from pyspark.sql import functions as F
 
     if not row["n"] or row["shape"] is None or not reader.single_problems(parse_shape(row["shape"])):
-        return {}
+        return {}, None
     shape = F.schema_of_variant(F.col("__v"))
     good = checked.where(F.col("__problem").isNull() & F.col("__v").isNotNull())
-    shapes = _good_shapes(checked)
-    if shapes is None:
-        return {}  # the epoch is refused as a whole, naming its first such document
+    # Files only where _seq has them (Kafka's records are found again by their __problem).
+    files = "files" in row.asDict() and "file" in checked.schema[SEQ].dataType.fieldNames()
+    tallied = _good_shapes(checked, tallied=True, files=files)
+    if tallied is None:
+        return {}, None  # the epoch is refused as a whole, naming its first such document
+    shapes = [item["shape"] for item in tallied]
     problems = {name: found for name in shapes if (found := reader.single_problems(parse_shape(name)))}
     if not problems:
-        return {}
+        return {}, None
     # Worded from each shape's first document (a few: each text comes to the driver), else by the
     # shape's first problem.
     firsts = (
@@ -90,7 +96,17 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> dict[s
     )
     worded = {name: found[0] for name, found in problems.items()}
     worded.update({item["shape"]: why(item["text"], problems[item["shape"]], reader.declared) for item in firsts})
-    return worded
+    refused = [item for item in tallied if item["shape"] in problems]
+    tallies = row.asDict()
+    if set(tallies) - {"n", "bad", "first", "shape", "files"}:
+        return worded, None  # a tally of the good documents' own (Debezium's): counted again
+    tallies["bad"] = row["bad"] + sum(item["n"] for item in refused)
+    # (_seq compares as Spark's min compares the struct: file, block, row.)
+    tallies["first"] = min(item for item in [row["first"], *(item["first"] for item in refused)] if item is not None)
+    tallies["shape"] = None
+    if files:
+        tallies["files"] = sorted(set(tallies["files"] or []).union(*(item["files"] for item in refused)))
+    return worded, tallies
 
 
 def each_fits_alone(reader: ShapeJudge, checked: "DataFrame") -> bool:
@@ -100,18 +116,26 @@ def each_fits_alone(reader: ShapeJudge, checked: "DataFrame") -> bool:
     text in one document and from a number in another), and the table's types are the declared
     ones, not the merged shape's."""
     shapes = _good_shapes(checked)
-    return shapes is not None and not any(reader.single_problems(parse_shape(name)) for name in shapes)
+    return shapes is not None and not any(reader.single_problems(parse_shape(item["shape"])) for item in shapes)
 
 
-def _good_shapes(checked: "DataFrame") -> "list[str] | None":
-    """The distinct shapes of the good documents of ``checked`` (one Spark job); None when there
-    are more than MAX_REFUSED_SHAPES."""
+def _good_shapes(checked: "DataFrame", tallied: bool = False, files: bool = False) -> "list[Any] | None":
+    """The distinct shapes of the good documents of ``checked`` (one Spark job), as rows with
+    ``shape`` and, when ``tallied``, their documents' count ``n``, the ``first`` ``_seq`` and (with
+    ``files``) the ``files``; None when there are more than MAX_REFUSED_SHAPES."""
     from pyspark.sql import functions as F
 
     # A good document has a __v, unless the arrow validator found it fast: it fits alone.
     good = checked.where(F.col("__problem").isNull() & F.col("__v").isNotNull())
-    shapes = good.select(F.schema_of_variant(F.col("__v")).alias("shape")).distinct().limit(MAX_REFUSED_SHAPES + 1).collect()
-    return None if len(shapes) > MAX_REFUSED_SHAPES else [item["shape"] for item in shapes]
+    shape = F.schema_of_variant(F.col("__v")).alias("shape")
+    if tallied:
+        found = good.groupBy(shape).agg(
+            F.count(F.lit(1)).alias("n"), F.min(F.col(SEQ)).alias("first"), *([F.collect_set(F.col(f"{SEQ}.file")).alias("files")] if files else [])
+        )
+    else:
+        found = good.select(shape).distinct()
+    shapes = found.limit(MAX_REFUSED_SHAPES + 1).collect()
+    return None if len(shapes) > MAX_REFUSED_SHAPES else shapes
 
 
 def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, list[str]] | None":

@@ -293,13 +293,15 @@ class DocumentReader:
         assert row is not None
         if self.declared is not None and not self.shape_refusals:
             # A document that does not fit the declared schema alone, where only the epoch's merged
-            # shape shows it: its shape is refused, and the epoch checked again (a second job, for
-            # such epochs only). So it is a dead letter like the others (docs: 'Dead letters'), and
-            # the error of ``fail`` names the first bad lines in order and counts them all.
-            self.shape_refusals = refused_shapes(self, checked, row)
+            # shape shows it: its shape is refused (jobs for such epochs only), so it is a dead
+            # letter like the others (docs: 'Dead letters'), and fail's error names the first bad
+            # lines in order and counts them all.
+            self.shape_refusals, tallies = refused_shapes(self, checked, row)
             if self.shape_refusals:
                 checked = self.checked(parsed)
-                row = checked.agg(*self.tallies()).first()
+                # As checking again counts them, from the shapes' job (sequence_by types its
+                # fields by the merged shape of what is left: checked again).
+                row = tallies if tallies is not None and not self.sequence_by else checked.agg(*self.tallies()).first()
                 assert row is not None
         return self._verdict(checked, row)
 
