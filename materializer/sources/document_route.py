@@ -72,7 +72,7 @@ def fast_schema(schema: dict[str, Any]) -> bool:
     """Whether a document that holds a value in every field of ``schema`` (Spark's JSON form) can
     be fast: every field, at any depth, a whole number, a DOUBLE, a BOOLEAN, a STRING, or a struct
     or array of them (:data:`document_check.PYTHON_TYPES`), and at the top level a TIMESTAMP, a
-    DATE or a DECIMAL too (:data:`document_check.CONVERTERS`). A document holding a FLOAT, a map
+    DATE or a DECIMAL too (:data:`document_values.CONVERTERS`). A document holding a FLOAT, a map
     or binary value, or a timestamp, date or decimal inside a struct or an array, is never fast
     (the validator cannot promise that ``from_json`` reads it as the VARIANT route does), so with
     such fields nearly every document would take the VARIANT route after the validator's pass: a

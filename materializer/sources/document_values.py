@@ -19,16 +19,15 @@ __all__ = [
 
 TIMESTAMP_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-](0[0-9]|1[0-7]):[0-5][0-9]|[+-]18:00)$"
 """The TIMESTAMP texts a fast document may hold: RFC 3339 with its zone (``Z`` or an offset
-within Spark's ±18:00), up to microseconds. Spark's cast and Python's ``fromisoformat`` read
-these the same; every other text (no zone: the session's time zone decides; a space for the
+within Spark's ±18:00), up to microseconds. Spark's cast, Arrow's parser and Python's
+``fromisoformat`` read these the same; every other text (no zone: the session's time zone decides; a space for the
 ``T``; nanoseconds) takes the VARIANT route, as does an impossible date or time."""
 DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 """The DATE texts a fast document may hold (a real date of years 1-9999)."""
 
 
 def decimal_type(kind: str) -> tuple[int, int]:
-    import re
-
+    """(precision, scale) of a Spark ``decimal(p,s)`` type name."""
     found = re.fullmatch(r"decimal\(([0-9]+),\s*([0-9]+)\)", kind)
     if found is None:
         raise ValueError(kind)
