@@ -110,8 +110,8 @@ NEVER_FAST = [
     ({"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}, '{"a": 1}'), ("binary", '"AQI="'), ("variant", "1"),
 ]
 """Types whose values make no document fast, at any depth."""
-TOP_ONLY = [("timestamp", '"2026-11-29T08:00:00Z"'), ("date", '"2026-11-29"'), ("decimal(10,2)", "12.5")]
-"""Types the validator types at the top level only; inside a struct or an array, never fast."""
+ANY_DEPTH = [("timestamp", '"2026-11-29T08:00:00Z"'), ("date", '"2026-11-29"'), ("decimal(10,2)", "12.5")]
+"""Types the validator types at the top level and checks at any depth (from_json types them there)."""
 
 
 def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fast() -> None:
@@ -127,20 +127,44 @@ def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fas
     fast, _suspect, _columns, _whole = _compile(json.dumps(fits), ("id",), ())
     text = b'{"id": 1, "note": "x", "d": 1.5, "b": true, "at": {"n": 2}, "xs": [{"n": 3}], "t": "2026-11-29T08:00:00Z", "day": "2026-11-29", "p": 1.5}'
     assert fast(text, text.count(b":")) is not None
-    for kind, value in NEVER_FAST + TOP_ONLY:
+    for kind, value in NEVER_FAST + ANY_DEPTH:
         for where in ("top", "nested", "array"):
-            if where == "top" and (kind, value) in TOP_ONLY:
-                continue
             inner = {"type": "struct", "fields": [{"name": "v", "type": kind, "nullable": True, "metadata": {}}]}
             field = {"top": kind, "nested": inner, "array": {"type": "array", "elementType": inner, "containsNull": True}}[where]
             schema = _schema([("id", "long"), ("v", field)])
-            assert not fast_schema(schema), (kind, where)
+            expected = (kind, value) in ANY_DEPTH
+            assert fast_schema(schema) == expected, (kind, where)
             doc = {"top": value, "nested": '{"v": %s}' % value, "array": '[{"v": %s}]' % value}[where]
             text = ('{"id": 1, "v": %s}' % doc).encode()
-            fast, _suspect, _columns, _whole = _compile(json.dumps(schema), ("id",), ())
-            assert fast(text, text.count(b":")) is None, (kind, where)
+            fast, _suspect, _columns, whole = _compile(json.dumps(schema), ("id",), ())
+            assert (fast(text, text.count(b":")) is not None) == expected, (kind, where)
+            assert whole is not None and (whole([text.decode()]) is not None) == expected, (kind, where)
             # Null or absent, such a field does not keep a document from being fast.
             assert fast(b'{"id": 1, "v": null}', 2) is not None and fast(b'{"id": 1}', 1) is not None
+
+
+NEVER_FAST_DEEP = [
+    ("timestamp", '"2026-11-31T08:00:00Z"'), ("timestamp", '"2026-11-29 08:00:00Z"'), ("timestamp", '"2026-11-29T08:00:00"'),
+    ("timestamp", '"0001-01-01T00:00:00+01:00"'), ("timestamp", "1700000000"), ("date", '"2024-02-30"'), ("date", '"2024-2-3"'),
+    ("decimal(10,2)", "1.005"), ("decimal(10,2)", "123456789.5"), ("decimal(10,2)", "1e1"), ("decimal(10,2)", '"12.5"'),
+    ("decimal(10,2)", '{"a:b": 1}'),
+]
+"""Values of the types in ANY_DEPTH that are not in the one form the validator passes."""
+
+
+@pytest.mark.parametrize(("kind", "value"), NEVER_FAST_DEEP)
+def test_a_nested_timestamp_date_or_decimal_in_another_form_is_never_fast(kind: str, value: str) -> None:
+    """Inside a struct, an array, or an array of structs, a value not in the form the top level
+    types (RFC 3339 with its zone, an ISO date, a plain number that fits) is not fast, whole
+    batch or alone, whatever documents share its batch."""
+    inner = _schema([("v", kind)])
+    schema = json.dumps(_schema([("id", "long"), ("s", inner), ("a", _array(kind)), ("xs", _array(inner))]))
+    good = '{"id": 0, "s": {"v": %s}}' % dict(ANY_DEPTH)[kind]
+    for doc in ('{"id": 1, "s": {"v": %s}}', '{"id": 1, "a": [null, %s]}', '{"id": 1, "xs": [{"v": null}, {"v": %s}]}'):
+        lines = [good, doc % value]
+        for whole in (True, False):
+            rows = _rows(lines, whole, True, schema)
+            assert [row[OK] for row in rows] == [True, False], (doc % value, whole)
 
 
 STAMPED = json.dumps(_schema([("id", "long"), ("at", "timestamp"), ("day", "date"), ("price", "decimal(10,2)"), ("note", "string")]))
@@ -203,3 +227,57 @@ def test_generated_batches_with_timestamps_dates_and_decimals_are_judged_the_sam
     event(f"fast documents: {'none' if not fast else 'some'}")
     if fast:
         assert _checked(fast, True, keep_text, STAMPED) == _checked(fast, False, keep_text, STAMPED)
+
+
+def _array(element: Any) -> dict[str, Any]:
+    return {"type": "array", "elementType": element, "containsNull": True}
+
+
+NESTED = json.dumps(_schema([
+    ("id", "long"), ("i", "integer"), ("s", "short"), ("t", "byte"), ("d", "double"), ("b", "boolean"), ("note", "string"),
+    ("tags", _array("long")), ("address", _schema([("city", "string"), ("n", "integer"), ("deep", _schema([("x", "double"), ("day", "date")]))])),
+    ("items", _array(_schema([("k", "string"), ("v", "long"), ("at", "timestamp"), ("p", "decimal(10,2)")]))), ("at", "timestamp"), ("day", "date"), ("price", "decimal(10,2)"),
+    ("f", "float"),
+]))
+"""tests/test_documents_arrow.py's DIFF_SCHEMA, as Spark writes it in JSON: nested values too."""
+
+
+def test_a_batch_of_nested_documents_is_judged_whole_unless_a_key_was_dropped_at_any_depth() -> None:
+    """With nested values the whole-batch path counts the ":" of the documents encoded again: a
+    key twice inside a struct, in an array's struct, or an unknown ``_meta`` field is a ":" the
+    encoded documents lack, and the batch is judged document by document."""
+    good = [
+        '{"id": 1, "address": {"city": "a:b", "deep": {"x": 1.5}}, "items": [{"k": "x:y", "v": 2}, null], "tags": [1, 2]}',
+        '{"id": 2, "items": [], "address": {}, "at": "2026-11-29T08:00:00Z", "_meta": {"op": "d"}}',
+        '{"id": 3, "_meta": {}}',
+    ]
+    whole = _compile(NESTED, ("id",), ())[3]
+    assert whole is not None
+    found = whole(good)
+    assert found is not None and found[1] == sum(line.count(":") for line in good)  # every ":" accounted for
+    for keep_text in (True, False):
+        judged = _checked(good, True, keep_text, NESTED)
+        assert judged == _checked(good, False, keep_text, NESTED) and judged.count(f"'{OK}': True") == len(good)
+    for odd in [
+        '{"id": 4, "address": {"city": "x", "city": "y"}}',
+        '{"id": 5, "items": [{"k": "a", "v": 1, "v": 2}]}',
+        '{"id": 6, "address": {"deep": {"x": 1.0, "x": 2.0}}}',
+        '{"id": 7, "_meta": {"op": "d", "x": 1}}',
+    ]:
+        lines = [*good, odd]
+        judged = _checked(lines, True, False, NESTED)
+        assert judged == _checked(lines, False, False, NESTED)
+        assert judged.count(f"'{OK}': True") == len(good), (odd, judged)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(corpus=st.lists(documents(), min_size=1, max_size=30), keep_text=st.booleans())
+def test_generated_batches_with_nested_values_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
+    alone = _checked(corpus, False, keep_text, NESTED)
+    assert _checked(corpus, True, keep_text, NESTED) == alone
+    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text, NESTED)) if row[OK]]
+    event(f"fast documents: {'none' if not fast else 'some'}")
+    if fast:
+        found = _compile(NESTED, ("id",), ())[3](fast)
+        assert found is not None  # the fast ones make a batch the whole-batch path answers for
+        assert _checked(fast, True, keep_text, NESTED) == _checked(fast, False, keep_text, NESTED)

@@ -142,7 +142,8 @@ from tests.test_documents import TYPED_FROM_TEXT_VALUES  # noqa: E402
 
 DIFF_SCHEMA = (
     "id BIGINT, i INT, s SMALLINT, t TINYINT, d DOUBLE, b BOOLEAN, note STRING, tags ARRAY<BIGINT>, "
-    "address STRUCT<city: STRING, n: INT, deep: STRUCT<x: DOUBLE>>, items ARRAY<STRUCT<k: STRING, v: BIGINT>>, "
+    "address STRUCT<city: STRING, n: INT, deep: STRUCT<x: DOUBLE, day: DATE>>, "
+    "items ARRAY<STRUCT<k: STRING, v: BIGINT, at: TIMESTAMP, p: DECIMAL(10,2)>>, "
     "at TIMESTAMP, day DATE, price DECIMAL(10,2), f FLOAT"
 )
 FIELDS = ["id", "i", "s", "t", "d", "b", "note", "tags", "address", "items", "at", "day", "price", "f"]
@@ -180,6 +181,23 @@ def _ints(bits: int) -> Any:
 texts = st.builds(_dump, st.text(max_size=8), st.booleans()) | st.sampled_from(['"a:b"', '"::"', '"\\u003a"', '"q\\":"', '"\\ud83d\\ude00"', '""'])
 doubles = st.floats(allow_nan=False, allow_infinity=False).map(_dump) | st.integers(-(2**70), 2**70).map(str) | st.sampled_from(EDGE_TEXTS[:27])
 nullable = lambda inner: st.just("null") | inner  # noqa: E731
+# Strings only: the VARIANT route refuses a TIMESTAMP field holding numbers and strings in one
+# epoch ("holds values of different JSON kinds"), which would refuse most corpora (random
+# values still bring numbers now and then).
+# The validator types RFC 3339 texts with a zone, ISO dates and plain numbers within a
+# decimal's digits itself (document_check.CONVERTERS); the others are the VARIANT route's.
+# (Not the first days of year 1: collect's Python datetime cannot hold them in every zone.)
+stamps = st.sampled_from([
+    "null", '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"yesterday"', '"2024-01-02T03:04:05.123456+05:30"',
+    '"2024-01-02T03:04:05.5-08:00"', '"2024-01-02T03:04:05+18:00"', '"2024-01-02T03:04:05-18:00"', '"2024-01-02T03:04:05.1234567Z"',
+    '"0001-01-03T00:00:00Z"', '"0001-01-03T00:30:00+01:00"', '"9999-12-30T23:59:59.999999Z"', '"9999-12-30T23:30:00-01:00"',
+    '"2024-02-29T23:59:59Z"', '"2023-02-29T00:00:00Z"', '"2024-01-02T03:04:60Z"', '"2024-01-02T03:04:05"', '"2024-01-02T03:04:05+00:00"',
+])
+days = st.sampled_from(["null", '"2024-01-02"', '"2024-02-30"', '"0001-01-03"', '"9999-12-30"', '"1969-12-31"', '"2024-1-2"', '"2024-01-02T00:00:00Z"'])
+prices = st.sampled_from([
+    "null", "1.005", "12.5", "123456789.5", "7", "-0.00", "-0", "0", "99999999.99", "-99999999.99", "100000000", "0.01", "1.50",
+    "1e1", "12.50e0", "00.5", "-12.34",
+])
 TYPED = {
     "id": _ints(63),
     "i": nullable(_ints(31)),
@@ -190,30 +208,16 @@ TYPED = {
     "note": nullable(texts),
     "tags": nullable(st.lists(nullable(_ints(63)), max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]")),
     "address": nullable(
-        st.fixed_dictionaries({}, optional={"city": nullable(texts), "n": nullable(_ints(31)), "deep": nullable(st.fixed_dictionaries({}, optional={"x": nullable(doubles)}).map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"))})
+        st.fixed_dictionaries({}, optional={"city": nullable(texts), "n": nullable(_ints(31)), "deep": nullable(st.fixed_dictionaries({}, optional={"x": nullable(doubles), "day": days}).map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"))})
         .map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}")
     ),
     "items": nullable(
-        st.lists(nullable(st.fixed_dictionaries({}, optional={"k": nullable(texts), "v": nullable(_ints(63))}).map(lambda d: "{" + ",".join(f'"{k}":{v}' for k, v in d.items()) + "}")), max_size=3)
+        st.lists(nullable(st.fixed_dictionaries({}, optional={"k": nullable(texts), "v": nullable(_ints(63)), "at": stamps, "p": prices}).map(lambda d: "{" + ",".join(f'"{k}":{v}' for k, v in d.items()) + "}")), max_size=3)
         .map(lambda xs: "[" + ", ".join(xs) + "]")
     ),
-    # Strings only: the VARIANT route refuses a TIMESTAMP field holding numbers and strings in one
-    # epoch ("holds values of different JSON kinds"), which would refuse most corpora (random
-    # values still bring numbers now and then).
-    # The validator types RFC 3339 texts with a zone, ISO dates and plain numbers within a
-    # decimal's digits itself (document_check.CONVERTERS); the others are the VARIANT route's.
-    # (Not the first days of year 1: collect's Python datetime cannot hold them in every zone.)
-    "at": st.sampled_from([
-        "null", '"2024-01-02 03:04:05"', '"2024-01-02T03:04:05Z"', '"yesterday"', '"2024-01-02T03:04:05.123456+05:30"',
-        '"2024-01-02T03:04:05.5-08:00"', '"2024-01-02T03:04:05+18:00"', '"2024-01-02T03:04:05-18:00"', '"2024-01-02T03:04:05.1234567Z"',
-        '"0001-01-03T00:00:00Z"', '"0001-01-03T00:30:00+01:00"', '"9999-12-30T23:59:59.999999Z"', '"9999-12-30T23:30:00-01:00"',
-        '"2024-02-29T23:59:59Z"', '"2023-02-29T00:00:00Z"', '"2024-01-02T03:04:60Z"', '"2024-01-02T03:04:05"', '"2024-01-02T03:04:05+00:00"',
-    ]),
-    "day": st.sampled_from(["null", '"2024-01-02"', '"2024-02-30"', '"0001-01-03"', '"9999-12-30"', '"1969-12-31"', '"2024-1-2"', '"2024-01-02T00:00:00Z"']),
-    "price": st.sampled_from([
-        "null", "1.005", "12.5", "123456789.5", "7", "-0.00", "-0", "0", "99999999.99", "-99999999.99", "100000000", "0.01", "1.50",
-        "1e1", "12.50e0", "00.5", "-12.34",
-    ]),
+    "at": stamps,
+    "day": days,
+    "price": prices,
     "f": st.sampled_from(["null", "1.5", "3.4e39", "-0.0"]),
 }
 
@@ -431,14 +435,15 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
 
 def test_timestamps_dates_and_decimals_the_validator_types_land_exactly_over_spark_connect(connect_spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """The validator's own typing of top-level TIMESTAMPs, DATEs and DECIMALs
-    (document_values), through a Connect server: delta-rs reads the documents' own instants,
-    days and digits, and the table is the one the VARIANT route writes from the same files,
-    values in other forms (the VARIANT route's to type) included."""
+    (document_values), and its checks of those inside structs and arrays (from_json types them),
+    through a Connect server: delta-rs reads the documents' own instants, days and digits, and the
+    table is the one the VARIANT route writes from the same files, values in other forms (the
+    VARIANT route's to type) included."""
     import datetime as dt
     from decimal import Decimal
 
     from materializer.runtime import Runtime
-    from materializer.sources import document_check
+    from materializer.sources import document_check, document_route
     from tests.helpers import binding, delta_rs_rows, write_jsonl
     from tests.test_holes import config_with
 
@@ -446,17 +451,28 @@ def test_timestamps_dates_and_decimals_the_validator_types_land_exactly_over_spa
     typed: list[list[str]] = []
     original = document_check.check_batches
     monkeypatch.setattr(document_check, "check_batches", lambda *a, **k: (typed.append(list(k.get("typed") or [])), original(*a, **k))[1])
+    fast: list[int] = []
+    deferred = document_route.deferred
+
+    def counted(reader: Any, parsed: Any, **kwargs: Any) -> Any:
+        rows, verify = deferred(reader, parsed, **kwargs)
+        return rows, lambda: (verify(), fast.append(reader.fast))[0]
+
+    monkeypatch.setattr(document_route, "deferred", counted)
+    stamps = [{"at": "2026-11-29T08:00:00.5+01:00", "p": 12.5}, None, {"at": None, "p": 7}, {"at": "1900-01-01T00:30:00+01:00"}]
     write_jsonl(tmp_path / "src" / "a.jsonl", [
-        {"id": 1, "at": "2026-11-29T08:00:00.5+01:00", "day": "2026-11-29", "price": 12.5},
-        {"id": 2, "at": "1969-12-31T23:59:59.999999Z", "day": "1969-12-31", "price": -0.01},
-        {"id": 3, "price": 7, "at": None},
+        {"id": 1, "at": "2026-11-29T08:00:00.5+01:00", "day": "2026-11-29", "price": 12.5, "lines": stamps, "ship": {"day": "2026-11-30"}},
+        {"id": 2, "at": "1969-12-31T23:59:59.999999Z", "day": "1969-12-31", "price": -0.01, "lines": [{"p": -0.01}]},
+        {"id": 3, "price": 7, "at": None, "ship": {"day": None}},
         {"id": 5, "at": "2026-11-29T08:00:00-18:00", "day": "0001-01-03"},
     ])  # every document fast: the batch is typed whole, by Arrow's casts
     write_jsonl(tmp_path / "src" / "b.jsonl", [
         {"id": 4, "at": "2026-11-29T08:00:00.1234567Z", "price": 99999999.99},  # nanoseconds: the VARIANT route's
         {"id": 6, "at": "2026-11-29T08:00:00Z", "day": "2026-11-29", "price": 0.5},  # typed alone, by Python's
+        {"id": 7, "lines": [{"at": "2026-11-29T08:00:00+01:00"}, {"at": "2026-11-29T08:00:00"}]},  # no zone inside: the VARIANT route's
+        {"id": 8, "lines": [{"p": 1.25}], "ship": {"day": "2026-12-01"}},  # fast
     ])
-    schema = "id BIGINT, at TIMESTAMP, day DATE, price DECIMAL(10,2)"
+    schema = "id BIGINT, at TIMESTAMP, day DATE, price DECIMAL(10,2), lines ARRAY<STRUCT<at: TIMESTAMP, p: DECIMAL(10,2)>>, ship STRUCT<day: DATE>"
     tables = {}
     for validator in ("arrow", "variant"):
         tables[validator] = tmp_path / validator / "table"
@@ -467,15 +483,28 @@ def test_timestamps_dates_and_decimals_the_validator_types_land_exactly_over_spa
         finally:
             spark.conf.unset(VALIDATOR_CONF)
     assert typed and typed[0] == ["id", "at", "day", "price"]  # the arrow run typed them in the validator
+    assert fast == [4, 2]  # an epoch a file: every document but 4 and 7
     rows = delta_rs_rows(tables["arrow"], ["id"])
     assert rows == delta_rs_rows(tables["variant"], ["id"])
     # (delta-rs gives a TIMESTAMP as a UTC datetime without its zone.)
-    assert rows[(1,)] == {"id": 1, "at": dt.datetime(2026, 11, 29, 7, 0, 0, 500000), "day": dt.date(2026, 11, 29), "price": Decimal("12.50")}
-    assert rows[(2,)] == {"id": 2, "at": dt.datetime(1969, 12, 31, 23, 59, 59, 999999), "day": dt.date(1969, 12, 31), "price": Decimal("-0.01")}
-    assert rows[(3,)] == {"id": 3, "price": Decimal("7.00")}
+    assert rows[(1,)] == {
+        "id": 1, "at": dt.datetime(2026, 11, 29, 7, 0, 0, 500000), "day": dt.date(2026, 11, 29), "price": Decimal("12.50"),
+        "lines": [
+            {"at": dt.datetime(2026, 11, 29, 7, 0, 0, 500000), "p": Decimal("12.50")}, None, {"at": None, "p": Decimal("7.00")},
+            {"at": dt.datetime(1899, 12, 31, 23, 30), "p": None},
+        ],
+        "ship": {"day": dt.date(2026, 11, 30)},
+    }
+    assert rows[(2,)] == {
+        "id": 2, "at": dt.datetime(1969, 12, 31, 23, 59, 59, 999999), "day": dt.date(1969, 12, 31), "price": Decimal("-0.01"),
+        "lines": [{"at": None, "p": Decimal("-0.01")}],
+    }
+    assert rows[(3,)] == {"id": 3, "price": Decimal("7.00"), "ship": {"day": None}}
     assert rows[(5,)]["at"] == dt.datetime(2026, 11, 30, 2, 0) and rows[(5,)]["day"] == dt.date(1, 1, 3)
     assert rows[(4,)]["price"] == Decimal("99999999.99")
     assert rows[(6,)] == {"id": 6, "at": dt.datetime(2026, 11, 29, 8, 0), "day": dt.date(2026, 11, 29), "price": Decimal("0.50")}
+    assert rows[(7,)]["lines"][0] == {"at": dt.datetime(2026, 11, 29, 7, 0), "p": None}
+    assert rows[(8,)] == {"id": 8, "lines": [{"at": None, "p": Decimal("1.25")}], "ship": {"day": dt.date(2026, 12, 1)}}
 
 
 @pytest.mark.slow
@@ -539,13 +568,13 @@ def test_a_small_epoch_takes_the_variant_route_unless_the_conf_picks_one(spark: 
         spark.conf.unset(VALIDATOR_CONF)
     assert document_route.validator(spark, small=True) == "variant" and document_route.validator(spark) == "arrow"
 
-    # A schema with a field whose values the validator never finds fast (a FLOAT; a TIMESTAMP or a
-    # DECIMAL inside a struct or an array):
-    # the VARIANT route, unless the conf picks the validator.
+    # A schema with a field whose values the validator never finds fast (a FLOAT, a map, a
+    # TIMESTAMP_NTZ inside a struct): the VARIANT route, unless the conf picks the validator.
     from pyspark.sql import types as T
 
     plain = T.StructType([T.StructField("id", T.LongType()), T.StructField("tags", T.ArrayType(T.StringType()))])
-    for extra in (T.FloatType(), T.StructType([T.StructField("t", T.TimestampType())]), T.ArrayType(T.StructType([T.StructField("d", T.DecimalType(10, 2))]))):
+    never = (T.FloatType(), T.MapType(T.StringType(), T.LongType()), T.StructType([T.StructField("t", T.TimestampNTZType())]))
+    for extra in never:
         stamped = T.StructType([*plain.fields, T.StructField("x", extra)])
         assert document_route.validator(spark, declared=stamped) == "variant", extra
         spark.conf.set(VALIDATOR_CONF, "arrow")
@@ -556,6 +585,8 @@ def test_a_small_epoch_takes_the_variant_route_unless_the_conf_picks_one(spark: 
     assert document_route.validator(spark, declared=plain) == "arrow"
     stamped = T.StructType([*plain.fields, T.StructField("t", T.TimestampType()), T.StructField("d", T.DateType()), T.StructField("p", T.DecimalType(10, 2))])
     assert document_route.validator(spark, declared=stamped) == "arrow"  # top-level ones the validator types
+    deep = T.StructType([*plain.fields, T.StructField("s", T.StructType([T.StructField("t", T.TimestampType())])), T.StructField("a", T.ArrayType(T.StructType([T.StructField("d", T.DecimalType(10, 2))])))])
+    assert document_route.validator(spark, declared=deep) == "arrow"  # deeper ones it checks (from_json types them)
 
 
 def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:

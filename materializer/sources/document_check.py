@@ -16,20 +16,22 @@ object whose ``op`` is a string or null, nothing after the value. msgspec does n
 the VARIANT route also refuses, so the decoder's result is checked further:
 
 * **two equal keys**: msgspec keeps the last. Every key of a JSON text ends with a ``:`` outside
-  a string; the decoded values show the keys that were kept and the ``:`` inside strings. When the
-  text's ``:`` count is more than those, a key was dropped (or a ``_meta`` field msgspec skipped):
-  not fast. An escaped colon (``\\u003a``) would upset the count: not fast.
+  a string; the decoded document encoded again by msgspec holds one ``:`` per key kept and the
+  ``:`` inside strings. When the text's ``:`` count is more than that, a key was dropped (or a
+  ``_meta`` field msgspec skipped): not fast. An escaped colon (``\\u003a``) would upset the
+  count: not fast.
 * **a number past 38 digits**: the VARIANT route refuses it (a double would round it); msgspec
   reads it as a float: a run of 39 digits anywhere makes the document not fast.
 * **values Spark and msgspec could read differently**: only integers, doubles, booleans and
   strings (a STRING field taking a JSON string; another kind is kept as its text by the VARIANT
-  route), structs and arrays of them are typed here, and at the top level timestamps, dates and
-  decimals in the one form each that Spark's cast and this module read alike: an RFC 3339 text
-  with its zone within Spark's range (:data:`document_values.TIMESTAMP_TEXT`), an ISO date, a plain number whose
-  digits fit the decimal without rounding (:data:`document_values.PLAIN_NUMBER`). A field of any other declared
-  type (floats, maps, binary; timestamps, dates and decimals inside a struct or an array), and a
-  timestamp, date or decimal in another form, makes a document fast only when it is null or
-  absent. A ``-0`` fraction (the VARIANT route drops the sign) is not fast either.
+  route), structs and arrays of them pass, and timestamps, dates and decimals at any depth in the
+  one form each that Spark's cast, ``from_json`` and this module read alike: an RFC 3339 text
+  with its zone within Spark's range (:data:`document_values.TIMESTAMP_TEXT`), an ISO date, a
+  plain number whose digits fit the decimal without rounding
+  (:data:`document_values.PLAIN_NUMBER`). A field of any other declared type (floats, maps,
+  binary, TIMESTAMP_NTZ), and a timestamp, date or decimal in another form, makes a document fast
+  only when it is null or absent. A ``-0`` fraction (the VARIANT route drops the sign) is not
+  fast either.
 
 Names Delta refuses and names that differ only in case are never fast: the declared schema has
 none (``parse_schema`` refuses them), and ``forbid_unknown_fields`` compares names exactly.
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, converted, decimal_type, required, unset_as_none
+from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, collector, converted, decimal_type, deep_kinds, required, unset_as_none
 
 OK = "__ok"
 """The column ``mapInArrow`` adds: whether the document is fast."""
@@ -105,16 +107,18 @@ def _compile(
     converters: dict[int, Callable[[Any], Any]] = {}  # top-level index: its value typed (CONVERTERS)
 
     def leaf(dtype: Any, top: bool = False) -> tuple[Any, Any]:
-        """(msgspec type, walker spec) of a declared type; the type accepts null. At the top
-        level only, timestamps and dates (a string; of :data:`document_values.TIMESTAMP_TEXT` or :data:`document_values.DATE_TEXT`
-        once typed) and decimals (any JSON value, kept raw: plain numbers only once typed) too;
-        :data:`document_values.CONVERTERS` types them."""
-        if top and converted(dtype) is not None:
+        """(msgspec type, walker spec) of a declared type; the type accepts null. Timestamps and
+        dates are strings (of :data:`document_values.TIMESTAMP_TEXT` or
+        :data:`document_values.DATE_TEXT` once checked) and decimals any JSON value, kept raw
+        (plain numbers only once checked): at the top level :data:`converters` type them, deeper
+        :func:`document_values.collector` gathers them to be checked (``from_json`` types them)."""
+        if converted(dtype) is not None:
             if dtype in ("timestamp", "date"):
                 # Their texts' form is checked after (per batch in Arrow, or by _timestamp and
                 # _date): a pattern here cost msgspec half a microsecond per value.
-                return str | None, "str"
-            return Raw, None  # (msgspec's Raw in a union takes null only: a JSON null is b"null")
+                return str | None, ("str" if top else ("value", dtype))
+            # (msgspec's Raw in a union takes null only: a JSON null is b"null")
+            return Raw, (None if top else ("value", dtype))
         if isinstance(dtype, dict):
             kind = dtype["type"]
             if kind == "struct":
@@ -172,29 +176,13 @@ def _compile(
         colons = sum(name.count(":") for name in rename.values())
         return (cls | None if not top else cls), ("struct", tuple(walk), colons)
 
-    def count(value: Any, spec: Any) -> int:
-        """Keys kept and ``:`` inside strings (keys' names included) in a decoded value."""
-        if value is None or value is UNSET:
-            return 0
-        if spec == "str":
-            return value.count(":")
-        if spec[0] == "list":
-            inner = spec[1]
-            return 0 if inner is None else sum(count(item, inner) for item in value)
-        if spec[0] == "meta":
-            return 0 if value.op is UNSET else 1 + (value.op.count(":") if value.op else 0)
-        values = msgspec.structs.astuple(value)
-        total = len(values) - values.count(UNSET)
-        if spec[2]:
-            names = value.__struct_encode_fields__
-            total += sum(names[i].count(":") for i, v in enumerate(values) if v is not UNSET)
-        for index, inner in spec[1]:
-            total += count(values[index], inner)
-        return total
-
     schema = json.loads(schema_json)
     top, spec = struct(schema["fields"], top=True)
     decode = msgspec.json.Decoder(top).decode
+    # A decoded document encoded again holds one ":" per key kept and the ":" inside its strings
+    # (keys' names included), at any depth: msgspec writes a string's ":" as it is, and leaves out
+    # what the decoder dropped (a key's earlier twin, an unknown _meta field).
+    encode = msgspec.json.Encoder().encode
     doubles = "double" in schema_json
     errors = (msgspec.DecodeError, msgspec.ValidationError)
 
@@ -206,6 +194,27 @@ def _compile(
     # sees): not fast, as every negative zero.
     top_doubles = [top_index[f["name"]] for f in schema["fields"] if f["type"] == "double" and f["name"] in top_index]
     from math import copysign
+
+    # Timestamps, dates and decimals inside structs and arrays: collected from the decoded
+    # documents and checked, a batch at once in Arrow or a document alone in Python, as the top
+    # level's are (from_json types them; a value it could read otherwise is never fast).
+    collect = collector(spec, astuple, UNSET)
+    deep_conversions = {kind: converted(kind) for kind in sorted(deep_kinds(spec))}
+
+    def deep_values(docs: list[Any]) -> dict[str, list[Any]]:
+        found: dict[str, list[Any]] = {kind: [] for kind in deep_conversions}
+        for doc in docs:
+            collect(doc, found)
+        return found
+
+    def deep_fast(doc: Any) -> bool:
+        try:
+            for kind, values in deep_values([doc]).items():
+                for value in values:
+                    deep_conversions[kind](value)  # type: ignore[misc]
+        except CONVERSION_ERRORS:
+            return False
+        return True
 
     def fast(text: bytes, colons: int) -> "tuple[Any, ...] | None":
         """``text``'s top-level values when it is fast, given its ``:`` count and that it holds
@@ -219,7 +228,9 @@ def _compile(
             value = values[index]
             if value == 0.0 and value is not UNSET and value is not None and copysign(1.0, value) < 0:
                 return None
-        if not (flat and colons == len(values) - values.count(UNSET)) and colons != count(doc, spec):
+        if not (flat and colons == len(values) - values.count(UNSET)) and colons != encode(doc).count(b":"):
+            return None
+        if collect is not None and not deep_fast(doc):
             return None
         if converters:
             try:
@@ -253,40 +264,47 @@ def _compile(
 
     getters = [attrgetter(name) for name in top.__struct_fields__]
     strings = [index for index, inner in spec[1] if inner == "str" and index not in converters]
-    # The whole batch at once is for schemas without nested values or names holding ":" (the
-    # others take the per-document path): there a document's keys kept and ":" inside strings are
-    # its set top-level fields, the ":" in its STRING values and what its _meta holds.
-    whole_batches = all(inner in ("str", ("meta",)) for _index, inner in spec[1]) and not spec[2]
 
-    def whole(texts: list[Any]) -> "tuple[list[list[Any]], int, list[int]] | None":
+    def whole(texts: list[Any]) -> "tuple[list[list[Any]], int, list[int] | None] | None":
         """Every document of a batch decoded, as columns (one list per top-level field, ``_meta``
-        last; UNSET where absent; timestamps, dates and decimals as decoded, untyped), the keys
-        and ``_meta.op`` ":" they account for, and the indexes of the STRING columns (whose ":"
-        the caller adds, counted by Arrow, as it adds the timestamps' and dates'); None when a
-        document is not fast alone (the caller then decides per document). Each text is decoded
-        alone (one C call per document through ``map``, no Python frame), so no document's
-        values can come from another's text."""
+        last; UNSET where absent; timestamps, dates and decimals as decoded, untyped), the ":"
+        they account for, and the indexes of the STRING columns whose ":" the caller adds (counted
+        by Arrow, as it adds the timestamps' and dates'; None: every ":" is counted already);
+        None when a document is not fast alone (the caller then decides per document). Each text
+        is decoded alone (one C call per document through ``map``, no Python frame), so no
+        document's values can come from another's text."""
         try:
             docs = list(map(decode, texts))
         except errors:
             return None
         n = len(docs)
         cols = [list(map(get, docs)) for get in getters]
-        kept = sum(n - col.count(UNSET) for col in cols)  # the "_meta" key itself included
-        for m in cols[meta]:
-            if m is not UNSET and m.op is not UNSET:
-                kept += 1 + (m.op.count(":") if m.op else 0)
         for index in top_doubles:
             col = cols[index]
             if 0.0 in col and any(v == 0.0 and copysign(1.0, v) < 0 for v in col if v is not UNSET and v is not None):
                 return None
+        if not flat:
+            if collect is not None:
+                import pyarrow as pa
+                import pyarrow.compute as pc
+
+                found = deep_values(docs)
+                if arrow_converted(list(found.values()), [(i, kind, False) for i, kind in enumerate(found)], pa, pc) is None:
+                    return None
+            # Nested values or names holding ":": the documents encoded again, at C speed.
+            return cols, encode(docs).count(b":"), None
+        # Top-level fields only: the keys kept are the fields set, the "_meta" key included.
+        kept = sum(n - col.count(UNSET) for col in cols)
+        for m in cols[meta]:
+            if m is not UNSET and m.op is not UNSET:
+                kept += 1 + (m.op.count(":") if m.op else 0)
         # (The timestamps', dates' and decimals' columns are typed, and the ":" in the first two
         # counted, by the caller: document_values.arrow_converted, in Arrow.)
         return cols, kept, strings
 
     if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
         return (lambda text, colons: None), SUSPECT, columns, None
-    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns, (whole if whole_batches else None)
+    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns, whole
 
 
 PYTHON_TYPES = {"long": "int64", "integer": "int32", "short": "int16", "byte": "int8", "double": "float64", "boolean": "bool_", "string": "string"}
@@ -339,13 +357,15 @@ def check_batches(
     (:data:`OP_COLUMN`) and those fields (``__p<i>`` for the ``i``-th, NULL for the others). Unless ``keep_text``, a fast document's text is
     dropped (NULL) on the way back: nothing after this function reads it.
 
-    With a schema of top-level fields only, a batch is first tried whole (``whole_batches``): every
-    text decoded, the columns taken from the decoded values at C speed, and the ":" counted over
-    the batch; when every document is fast (the usual batch) that is the answer, else each
-    document is judged alone as before. Both give the same batch (a test holds them to it)."""
+    A batch is first tried whole (``whole_batches``): every text decoded, the columns taken from
+    the decoded values at C speed, and the ":" counted over the batch (with nested values, over
+    the documents encoded again); when every document is fast (the usual batch) that is the
+    answer, else each document is judged alone. Both give the same batch (a test holds them to
+    it). The cyclic garbage collector is off while a batch is judged."""
     key = (schema_json, tuple(keys), tuple(hidden))
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import gc
         import json
 
         import pyarrow as pa
@@ -360,7 +380,8 @@ def check_batches(
         types = [arrow_type(kinds[name], pa) for name in typed or []]
         positions = {name: index for index, name in enumerate(_top_names(schema_json, hidden))}
         conversions = [(positions[name], kind, name in keys) for name, kind in kinds.items() if converted(kind) is not None]
-        for batch in batches:
+
+        def judged(batch: Any) -> Any:
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
                 text = text.cast(pa.string())
@@ -371,15 +392,14 @@ def check_batches(
                 found = whole(text.to_pylist())
                 if found is not None:
                     cols, kept, strings = found
-                    arrays = {i: pa.array(unset_as_none(cols[i]), pa.string()) for i in strings}
-                    kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings)
+                    arrays = {i: pa.array(unset_as_none(cols[i]), pa.string()) for i in strings or ()}
+                    kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings or ())
                     typed_here = arrow_converted(cols, conversions, pa, pc) if conversions else ({}, 0)
-                    if typed_here is not None and kept + typed_here[1] == _colons(text, pa):
+                    if typed_here is not None and kept + (typed_here[1] if strings is not None else 0) == _colons(text, pa):
                         arrays.update(typed_here[0])
                         # Every document is fast: a text holds at least the ":" its decoded value
                         # accounts for, so equal sums mean equal counts, document by document.
-                        yield _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
-                        continue
+                        return _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
             # Judged document by document: each text's ":" count, in Arrow's C++.
             colons = pc.count_substring(text, ":").to_pylist()
             suspects = suspected.to_pylist()
@@ -400,7 +420,21 @@ def check_batches(
                     names.append(f"{TYPED_PREFIX}{index}")
             if not keep_text:
                 out[0] = pc.if_else(ok, pa.nulls(len(ok), batch.column(0).type), batch.column(0))
-            yield pa.RecordBatch.from_arrays(out, names=names)
+            return pa.RecordBatch.from_arrays(out, names=names)
+
+        for batch in batches:
+            # Decoded documents hold no cycle, but nested ones hold lists, which the cyclic
+            # collector tracks: with it on, a batch of 10,000 set it off every 700 lists, each
+            # time walking the batch decoded so far (decoding nested documents cost 1.5 µs each
+            # against 0.37 with it off). What a batch allocates is freed when it is judged.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                out = judged(batch)
+            finally:
+                if collecting:
+                    gc.enable()
+            yield out
 
     return run
 

@@ -70,13 +70,13 @@ def validator(spark: Any, *, small: bool = False, declared: Any = None) -> str:
 
 def fast_schema(schema: dict[str, Any]) -> bool:
     """Whether a document that holds a value in every field of ``schema`` (Spark's JSON form) can
-    be fast: every field, at any depth, a whole number, a DOUBLE, a BOOLEAN, a STRING, or a struct
-    or array of them (:data:`document_check.PYTHON_TYPES`), and at the top level a TIMESTAMP, a
-    DATE or a DECIMAL too (:data:`document_values.CONVERTERS`). A document holding a FLOAT, a map
-    or binary value, or a timestamp, date or decimal inside a struct or an array, is never fast
-    (the validator cannot promise that ``from_json`` reads it as the VARIANT route does), so with
-    such fields nearly every document would take the VARIANT route after the validator's pass: a
-    pass for nothing, which doubled the CPU of such an epoch (docs, Performance)."""
+    be fast: every field, at any depth, a whole number, a DOUBLE, a BOOLEAN, a STRING, a
+    TIMESTAMP, a DATE or a DECIMAL (:data:`document_check.PYTHON_TYPES`,
+    :data:`document_values.CONVERTERS`), or a struct or array of them. A document holding a
+    FLOAT, a map, a binary value or a TIMESTAMP_NTZ is never fast (the validator cannot promise
+    that ``from_json`` reads it as the VARIANT route does), so with such fields nearly every
+    document would take the VARIANT route after the validator's pass: a pass for nothing, which
+    doubled the CPU of such an epoch (docs, Performance)."""
 
     def fits(dtype: Any) -> bool:
         if isinstance(dtype, dict):
@@ -85,9 +85,9 @@ def fast_schema(schema: dict[str, Any]) -> bool:
             if dtype["type"] == "array":
                 return fits(dtype["elementType"])
             return False
-        return dtype in document_check.PYTHON_TYPES
+        return dtype in document_check.PYTHON_TYPES or document_check.converted(dtype) is not None
 
-    return all(fits(f["type"]) or document_check.converted(f["type"]) is not None for f in schema["fields"])
+    return all(fits(f["type"]) for f in schema["fields"])
 
 
 FAST_JSON = "__j"

@@ -1,8 +1,10 @@
-"""The top-level TIMESTAMP, DATE and DECIMAL values the arrow validator types itself
-(:mod:`materializer.sources.document_check`): the one form of each that Spark's cast, Arrow's
-parsers and Python's read alike, and the conversions, for a whole batch in Arrow
-(:func:`arrow_converted`) or for one document in Python (:data:`CONVERTERS`). A value in any
-other form is not fast: the VARIANT route decides it."""
+"""The TIMESTAMP, DATE and DECIMAL values the arrow validator passes
+(:mod:`materializer.sources.document_check`): the one form of each that Spark's cast, its
+``from_json``, Arrow's parsers and Python's read alike, and the conversions, for a whole batch in
+Arrow (:func:`arrow_converted`) or for one document in Python (:data:`CONVERTERS`). The validator
+types top-level ones itself; deeper ones are gathered (:func:`collector`) and checked the same
+way, and ``from_json`` types them. A value in any other form is not fast: the VARIANT route
+decides it."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from decimal import Decimal
 from typing import Any, Callable
 
 __all__ = [
-    "CONVERSION_ERRORS", "CONVERTERS", "DATE_TEXT", "PLAIN_NUMBER", "TIMESTAMP_TEXT", "arrow_converted", "converted", "decimal_type",
-    "required", "unset_as_none",
+    "CONVERSION_ERRORS", "CONVERTERS", "DATE_TEXT", "PLAIN_NUMBER", "TIMESTAMP_TEXT", "arrow_converted", "collector", "converted",
+    "decimal_type", "deep_kinds", "required", "unset_as_none",
 ]
 
 
@@ -115,7 +117,7 @@ def arrow_converted(cols: list[list[Any]], conversions: list[tuple[int, str, boo
                 text = pa.array(unset_as_none(values), pa.string())
                 colons += pc.sum(pc.count_substring(text, ":")).as_py() or 0
                 stamp = kind == "timestamp"
-                if not pc.all(pc.match_substring_regex(text, TIMESTAMP_TEXT if stamp else DATE_TEXT)).as_py():
+                if not pc.all(pc.match_substring_regex(text, TIMESTAMP_TEXT if stamp else DATE_TEXT), min_count=0).as_py():
                     return None
                 sent = text.cast(pa.timestamp("us", tz="UTC") if stamp else pa.date32()).cast(pa.int64() if stamp else pa.int32())
                 low, high = _TIMESTAMP_RANGE if stamp else _DATE_RANGE
@@ -124,7 +126,7 @@ def arrow_converted(cols: list[list[Any]], conversions: list[tuple[int, str, boo
                     return None
             else:
                 text = pa.array([None if v is UNSET or (b := bytes(v)) == b"null" else b.decode() for v in values], pa.string())
-                if not pc.all(pc.match_substring_regex(text, PLAIN_NUMBER)).as_py():
+                if not pc.all(pc.match_substring_regex(text, PLAIN_NUMBER), min_count=0).as_py():
                     return None
                 precision, scale = decimal_type(kind)
                 sent = text.cast(pa.decimal128(precision, scale))  # refuses rounding and overflow
@@ -152,3 +154,52 @@ def unset_as_none(values: list[Any]) -> list[Any]:
     from msgspec import UNSET
 
     return values if UNSET not in values else [None if v is UNSET else v for v in values]
+
+
+def collector(spec: Any, astuple: Any, unset: Any) -> "Callable[[Any, dict[str, list[Any]]], None] | None":
+    """What gathers the values of the validator's walker spec's nested timestamps, dates and
+    decimals (``("value", kind)``; :mod:`materializer.sources.document_check`) from a decoded
+    value into lists by kind (None: it holds none), to be checked as the top level's are."""
+    if not isinstance(spec, tuple) or spec[0] == "meta":
+        return None
+    if spec[0] == "value":
+        kind = spec[1]
+
+        def take(value: Any, found: dict[str, list[Any]]) -> None:
+            if value is not None and value is not unset:
+                found[kind].append(value)
+
+        return take
+    if spec[0] == "list":
+        inner = collector(spec[1], astuple, unset)
+        if inner is None:
+            return None
+
+        def each(value: Any, found: dict[str, list[Any]]) -> None:
+            if value is not None and value is not unset:
+                for item in value:
+                    inner(item, found)
+
+        return each
+    parts = [(index, part) for index, inner_spec in spec[1] if (part := collector(inner_spec, astuple, unset)) is not None]
+    if not parts:
+        return None
+
+    def fields(value: Any, found: dict[str, list[Any]]) -> None:
+        if value is not None and value is not unset:
+            values = astuple(value)
+            for index, part in parts:
+                part(values[index], found)
+
+    return fields
+
+
+def deep_kinds(spec: Any) -> set[str]:
+    """The kinds a :func:`collector` of ``spec`` gathers."""
+    if not isinstance(spec, tuple) or spec[0] == "meta":
+        return set()
+    if spec[0] == "value":
+        return {spec[1]}
+    if spec[0] == "list":
+        return deep_kinds(spec[1])
+    return set().union(*(deep_kinds(inner) for _index, inner in spec[1]))
