@@ -379,6 +379,8 @@ def declared(tmp_path: Path) -> DocumentsSource:
         ('{"id": 1, "address": "Oslo"}', "field 'address' is a string but source.schema declares an object"),
         ('{"id": 1, "address": {"n": "12"}}', "field 'address.n' is a string but source.schema declares a number"),
         ('{"id": 1, "tags": [1, "two"]}', "field 'tags[]' is a string but source.schema declares a number"),
+        # Inside an array too, named at its line (it stopped the staging job, naming no line).
+        ('{"id": 1, "tags": [1, 9223372036854775808]}', "a value does not fit source.schema: field 'tags[]' holds 9223372036854775808, which is not a valid BIGINT"),
         ('{"id": "1"}', "field 'id' is a string but source.schema declares a number"),
         ('{"id": 1, "at": "yesterday"}', "a value does not fit source.schema: field 'at' holds \"yesterday\", which is not a valid TIMESTAMP"),
         ('{"id": 1, "address": {"n": 3000000000}}', "a value does not fit source.schema: field 'address.n' holds 3000000000, which is not a valid INT"),

@@ -5,7 +5,7 @@ declared type's cast refuses."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import sqltypes
 from materializer.columns import OP, SEQ
@@ -113,39 +113,87 @@ def problem_column(
     return expr
 
 
-def _fits(parts: "Column", dtype: "StructType", path: str) -> list[tuple["Column", "Column | str"]]:
-    """Values the declared type's cast would refuse (a timestamp's format, an INT's range):
-    checked per document here, so the staging cast cannot fail (arrays aside). ``parts``: the
-    object's fields as VARIANTs (at the top, ``__parts``)."""
+def _fits(parts: "Column", dtype: "StructType", path: str, in_array: bool = False) -> list[tuple["Column", "Column | str"]]:
+    """Values the declared type's cast would refuse (a timestamp's format, an INT's range, at any
+    depth, in arrays too): checked per document here, so the staging cast cannot fail on them
+    and each is refused (or dead-lettered) at its line. ``parts``: the object's fields as
+    VARIANTs (at the top, ``__parts``)."""
+    rules = []
+    for f in dtype.fields:
+        rules += _value_rules(parts[f.name], f.dataType, join_path(path, f.name), in_array)
+    return rules
+
+
+def _value_rules(got: "Column", dtype: Any, where: str, in_array: bool = False) -> list[tuple["Column", "Column | str"]]:
+    """:func:`_fits`'s rules for one value (a VARIANT) of declared type ``dtype``; an array's are
+    its elements' rules, true when some element breaks them, their message about the first.
+    Inside an array only a value of a JSON kind its type takes is checked: another kind is the
+    shape checks' to name ("field 'tags[]' is a string but source.schema declares a number")."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    rules = []
-    for f in dtype.fields:
-        got = parts[f.name]
-        where = join_path(path, f.name)
-        if isinstance(f.dataType, T.StructType):
-            inner = got.try_cast(T.StructType([T.StructField(g.name, T.VariantType()) for g in f.dataType.fields]))
-            rules += _fits(inner, f.dataType, where)
-        elif not isinstance(f.dataType, (T.StringType, T.ArrayType, T.MapType, T.BooleanType)):
-            message = F.concat(
-                F.lit(f"a value does not fit source.schema: field {where!r} holds "),
-                F.substring(F.to_json(got), 1, 200),
-                F.lit(f", which is not a valid {f.dataType.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
+    if isinstance(dtype, T.StructType):
+        return _fits(got.try_cast(T.StructType([T.StructField(g.name, T.VariantType()) for g in dtype.fields])), dtype, where, in_array)
+    if isinstance(dtype, T.ArrayType):
+        elements = got.try_cast(T.ArrayType(T.VariantType()))
+        inner = f"{where}[]"
+
+        def rule(index: int, part: int) -> "Callable[[Column], Column]":
+            # (One argument: Spark's higher-order functions read a second as the element's index.)
+            def built(element: "Column") -> "Column":
+                found = _value_rules(element, dtype.elementType, inner, True)[index][part]
+                return F.lit(found) if isinstance(found, str) else found
+
+            return built
+
+        count = len(_value_rules(F.lit(None).cast(T.VariantType()), dtype.elementType, inner, True))
+        return [
+            (
+                F.coalesce(F.exists(elements, rule(i, 0)), F.lit(False)),
+                F.try_element_at(F.transform(F.filter(elements, rule(i, 0)), rule(i, 1)), F.lit(1)),
             )
-            cast = got.try_cast(sqltypes.plain(f.dataType))
-            if isinstance(f.dataType, (T.FloatType, T.DoubleType)):
-                # A finite number past the type's range: no cast fails on it, it becomes Infinity.
-                name = f.dataType.simpleString().upper()
-                rules.append(
-                    (
-                        F.abs(cast) == F.lit(float("inf")),
-                        f"a value does not fit source.schema: field {where!r} holds a number beyond the range of {name} "
-                        "(it would land as Infinity); write it as a string, or declare a wider type in source.schema",
-                    )
-                )
-            rules.append((got.isNotNull() & ~F.is_variant_null(got) & cast.isNull(), message))
+            for i in range(count)
+        ]
+    if isinstance(dtype, (T.StringType, T.MapType, T.BooleanType)):
+        return []
+    message = F.concat(
+        F.lit(f"a value does not fit source.schema: field {where!r} holds "),
+        F.substring(F.to_json(got), 1, 200),
+        F.lit(f", which is not a valid {dtype.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
+    )
+    cast = got.try_cast(sqltypes.plain(dtype))
+    rules: list[tuple["Column", "Column | str"]] = []
+    if isinstance(dtype, (T.FloatType, T.DoubleType)):
+        # A finite number past the type's range: no cast fails on it, it becomes Infinity.
+        name = dtype.simpleString().upper()
+        rules.append(
+            (
+                (F.abs(cast) == F.lit(float("inf"))) & (_kind_taken(got, dtype) if in_array else F.lit(True)),
+                f"a value does not fit source.schema: field {where!r} holds a number beyond the range of {name} "
+                "(it would land as Infinity); write it as a string, or declare a wider type in source.schema",
+            )
+        )
+    broken = got.isNotNull() & ~F.is_variant_null(got) & cast.isNull()
+    rules.append((broken & _kind_taken(got, dtype) if in_array else broken, message))
     return rules
+
+
+def _kind_taken(got: "Column", dtype: Any) -> "Column":
+    """Whether a VARIANT's JSON kind is one ``dtype`` takes (document_shapes.declared_problems)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    kind = F.schema_of_variant(got)
+    whole = kind.isin("BIGINT", "INT", "SMALLINT", "TINYINT")
+    if isinstance(dtype, T.IntegralType):
+        return whole | kind.rlike(r"^DECIMAL\([0-9]+,0\)$")
+    if isinstance(dtype, T.NumericType):
+        return whole | kind.isin("DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
+    if isinstance(dtype, (T.DateType, T.TimestampType, T.TimestampNTZType)):
+        return whole | (kind == "STRING")
+    if isinstance(dtype, T.BinaryType):
+        return kind == "STRING"
+    return F.lit(True)
 
 
 def _key_kind_declared(declared: "StructType | None", key: str) -> bool:
