@@ -281,3 +281,39 @@ def test_generated_batches_with_nested_values_are_judged_the_same_whole_and_alon
         found = _compile(NESTED, ("id",), ())[3](fast)
         assert found is not None  # the fast ones make a batch the whole-batch path answers for
         assert _checked(fast, True, keep_text, NESTED) == _checked(fast, False, keep_text, NESTED)
+
+
+def test_the_question_whether_a_partition_holds_a_document_not_fast_reads_its_input_to_the_end(monkeypatch: Any) -> None:
+    """any_not_fast answers per partition, judges no batch after the one with a document not fast
+    (the pass for nothing), and still reads every batch: a task that ends before its input does
+    loses its Python worker, and the next task pays a new one's imports."""
+    from materializer.sources import document_check
+    from materializer.sources.document_route import any_not_fast
+
+    def batches(lines: list[list[str]], read: list[int]) -> Any:
+        for index, texts in enumerate(lines):
+            read.append(index)
+            yield pa.RecordBatch.from_arrays([pa.array(texts, pa.string())], names=["value"])
+
+    good, bad = ['{"id": 1, "note": "a"}', '{"id": 2}'], ['{"id": 3}', '{"id": "three"}']
+    judged: list[int] = []
+    original = document_check.check_batches
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        run = original(*args, **kwargs)
+
+        def counted(source: Any) -> Any:
+            for out in run(source):
+                judged.append(out.num_rows)
+                yield out
+
+        return counted
+
+    monkeypatch.setattr(document_check, "check_batches", counting)
+    for lines, expected in (([good, good, good], False), ([good, bad, good, good], True), ([], False)):
+        read: list[int] = []
+        judged.clear()
+        answer = [row for out in any_not_fast(SCHEMA, ["id"], [])(batches(lines, read)) for row in out.to_pylist()]
+        assert answer == [{"not_fast": expected}]
+        assert read == list(range(len(lines)))  # every batch read
+        assert len(judged) == (2 if expected else len(lines))  # none judged after the bad one's
