@@ -39,6 +39,17 @@ def _checked(lines: list[str], whole: bool, keep_text: bool, schema: str = SCHEM
     return repr(_rows(lines, whole, keep_text, schema))  # repr: a -0.0 that became 0.0 would differ
 
 
+def _whole_as_alone(corpus: list[str], keep_text: bool, schema: str = SCHEMA) -> None:
+    """A batch judged whole is the batch judged document by document; so is the batch of its fast
+    documents, which the whole-batch path answers for itself."""
+    assert _checked(corpus, True, keep_text, schema) == _checked(corpus, False, keep_text, schema)
+    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text, schema)) if row[OK]]
+    event(f"fast documents: {'none' if not fast else 'some'}")
+    if fast:
+        assert _compile(schema, ("id",), ())[3](fast) is not None
+        assert _checked(fast, True, keep_text, schema) == _checked(fast, False, keep_text, schema)
+
+
 def test_a_batch_of_fast_documents_is_judged_whole_and_as_each_alone() -> None:
     lines = [
         '{"id": 1, "i": 2, "s": -3, "t": 4, "d": 1.5, "b": true, "note": "a:b:c"}',
@@ -66,13 +77,7 @@ def test_a_batch_with_a_negative_zero_or_a_dropped_key_is_judged_document_by_doc
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(corpus=st.lists(documents(FLAT_FIELDS), min_size=1, max_size=30), keep_text=st.booleans())
 def test_generated_batches_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
-    alone = _checked(corpus, False, keep_text)
-    assert _checked(corpus, True, keep_text) == alone
-    # The fast ones alone make a batch the whole-batch path answers for.
-    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text)) if row[OK]]
-    event(f"fast documents: {'none' if not fast else 'some'}")
-    if fast:
-        assert _checked(fast, True, keep_text) == _checked(fast, False, keep_text)
+    _whole_as_alone(corpus, keep_text)
 
 
 def test_the_function_still_pickles_after_it_ran_in_this_process() -> None:
@@ -221,12 +226,7 @@ def test_timestamps_dates_and_decimals_are_typed_exactly_or_left_to_the_variant_
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(corpus=st.lists(documents(["id", "note", "at", "day", "price"]), min_size=1, max_size=30), keep_text=st.booleans())
 def test_generated_batches_with_timestamps_dates_and_decimals_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
-    alone = _checked(corpus, False, keep_text, STAMPED)
-    assert _checked(corpus, True, keep_text, STAMPED) == alone
-    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text, STAMPED)) if row[OK]]
-    event(f"fast documents: {'none' if not fast else 'some'}")
-    if fast:
-        assert _checked(fast, True, keep_text, STAMPED) == _checked(fast, False, keep_text, STAMPED)
+    _whole_as_alone(corpus, keep_text, STAMPED)
 
 
 def _array(element: Any) -> dict[str, Any]:
@@ -273,14 +273,7 @@ def test_a_batch_of_nested_documents_is_judged_whole_unless_a_key_was_dropped_at
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(corpus=st.lists(documents(), min_size=1, max_size=30), keep_text=st.booleans())
 def test_generated_batches_with_nested_values_are_judged_the_same_whole_and_alone(corpus: list[str], keep_text: bool) -> None:
-    alone = _checked(corpus, False, keep_text, NESTED)
-    assert _checked(corpus, True, keep_text, NESTED) == alone
-    fast = [line for line, row in zip(corpus, _rows(corpus, False, keep_text, NESTED)) if row[OK]]
-    event(f"fast documents: {'none' if not fast else 'some'}")
-    if fast:
-        found = _compile(NESTED, ("id",), ())[3](fast)
-        assert found is not None  # the fast ones make a batch the whole-batch path answers for
-        assert _checked(fast, True, keep_text, NESTED) == _checked(fast, False, keep_text, NESTED)
+    _whole_as_alone(corpus, keep_text, NESTED)
 
 
 def test_the_question_whether_a_partition_holds_a_document_not_fast_reads_its_input_to_the_end(monkeypatch: Any) -> None:
@@ -310,7 +303,7 @@ def test_the_question_whether_a_partition_holds_a_document_not_fast_reads_its_in
         return counted
 
     monkeypatch.setattr(document_check, "check_batches", counting)
-    for lines, expected in (([good, good, good], False), ([good, bad, good, good], True), ([], False)):
+    for lines, expected in (([good, good, good], False), ([good, bad, good, good], True), ([], False), ([[], good], False)):
         read: list[int] = []
         judged.clear()
         answer = [row for out in any_not_fast(SCHEMA, ["id"], [])(batches(lines, read)) for row in out.to_pylist()]
