@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, collector, converted, decimal_type, deep_kinds, required, unset_as_none
+from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, collector, converted, decimal_type, required, unset_as_none
 
 OK = "__ok"
 """The column ``mapInArrow`` adds: whether the document is fast."""
@@ -199,10 +199,10 @@ def _compile(
     # documents and checked, a batch at once in Arrow or a document alone in Python, as the top
     # level's are (from_json types them; a value it could read otherwise is never fast).
     collect = collector(spec, astuple, UNSET)
-    deep_conversions = {kind: converted(kind) for kind in sorted(deep_kinds(spec))}
+    deep_conversions: dict[str, Any] = {}
 
     def deep_values(docs: list[Any]) -> dict[str, list[Any]]:
-        found: dict[str, list[Any]] = {kind: [] for kind in deep_conversions}
+        found: dict[str, list[Any]] = {}
         for doc in docs:
             collect(doc, found)
         return found
@@ -210,8 +210,9 @@ def _compile(
     def deep_fast(doc: Any) -> bool:
         try:
             for kind, values in deep_values([doc]).items():
+                conversion = deep_conversions.get(kind) or deep_conversions.setdefault(kind, converted(kind))
                 for value in values:
-                    deep_conversions[kind](value)  # type: ignore[misc]
+                    conversion(value)
         except CONVERSION_ERRORS:
             return False
         return True

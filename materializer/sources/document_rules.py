@@ -162,19 +162,22 @@ def _value_rules(got: "Column", dtype: Any, where: str, in_array: bool = False) 
         F.lit(f", which is not a valid {dtype.simpleString().upper()} (its format or range); fix the document, or change source.schema"),
     )
     cast = got.try_cast(sqltypes.plain(dtype))
+
+    def checked(broken: "Column") -> "Column":
+        return broken & _kind_taken(got, dtype) if in_array else broken
+
     rules: list[tuple["Column", "Column | str"]] = []
     if isinstance(dtype, (T.FloatType, T.DoubleType)):
         # A finite number past the type's range: no cast fails on it, it becomes Infinity.
         name = dtype.simpleString().upper()
         rules.append(
             (
-                (F.abs(cast) == F.lit(float("inf"))) & (_kind_taken(got, dtype) if in_array else F.lit(True)),
+                checked(F.abs(cast) == F.lit(float("inf"))),
                 f"a value does not fit source.schema: field {where!r} holds a number beyond the range of {name} "
                 "(it would land as Infinity); write it as a string, or declare a wider type in source.schema",
             )
         )
-    broken = got.isNotNull() & ~F.is_variant_null(got) & cast.isNull()
-    rules.append((broken & _kind_taken(got, dtype) if in_array else broken, message))
+    rules.append((checked(got.isNotNull() & ~F.is_variant_null(got) & cast.isNull()), message))
     return rules
 
 

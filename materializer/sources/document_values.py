@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 __all__ = [
     "CONVERSION_ERRORS", "CONVERTERS", "DATE_TEXT", "PLAIN_NUMBER", "TIMESTAMP_TEXT", "arrow_converted", "collector", "converted",
-    "decimal_type", "deep_kinds", "required", "unset_as_none",
+    "decimal_type", "required", "unset_as_none",
 ]
 
 
@@ -167,7 +167,7 @@ def collector(spec: Any, astuple: Any, unset: Any) -> "Callable[[Any, dict[str, 
 
         def take(value: Any, found: dict[str, list[Any]]) -> None:
             if value is not None and value is not unset:
-                found[kind].append(value)
+                found.setdefault(kind, []).append(value)
 
         return take
     if spec[0] == "list":
@@ -192,14 +192,3 @@ def collector(spec: Any, astuple: Any, unset: Any) -> "Callable[[Any, dict[str, 
                 part(values[index], found)
 
     return fields
-
-
-def deep_kinds(spec: Any) -> set[str]:
-    """The kinds a :func:`collector` of ``spec`` gathers."""
-    if not isinstance(spec, tuple) or spec[0] == "meta":
-        return set()
-    if spec[0] == "value":
-        return {spec[1]}
-    if spec[0] == "list":
-        return deep_kinds(spec[1])
-    return set().union(*(deep_kinds(inner) for _index, inner in spec[1]))
