@@ -112,17 +112,32 @@ BAD_ALONE = [
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_bad_documents_anywhere_in_split_files_are_dead_letters_with_their_lines(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("validator", ["variant", "arrow"])
+def test_bad_documents_anywhere_in_split_files_are_dead_letters_with_their_lines(
+    spark: Any, tmp_path: Path, validator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bad documents of every kind a document shows alone, at random lines of files that Spark
     splits into pieces: each is a dead letter named by its file and line, the good ones land (Spark
     and delta-rs read the same table). Before, a document with an undeclared field or a kind its
     declared type cannot take stopped the epoch with a declared schema and dead letters on: only
-    the epoch's merged shape showed it."""
+    the epoch's merged shape showed it. By either route: the arrow validator's sets the documents
+    it does not find fast aside in the spool for the checks and the dead letters (numbered by
+    counting every split of the epoch again), and the spool is empty after."""
     import json
     import random
 
+    from materializer.sources import document_route
+    from materializer.sources.document_route import VALIDATOR_CONF
     from tests.helpers import delta_rs_rows
 
+    set_aside, asides = document_route.set_aside, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        found = set_aside(*args, **kwargs)
+        asides.append(found.others is not None)
+        return found
+
+    monkeypatch.setattr(document_route, "set_aside", recorded)
     rng = random.Random(20261128)
     expected: dict[int, dict[str, Any]] = {}
     bad: list[tuple[str, int, str]] = []
@@ -149,12 +164,15 @@ def test_bad_documents_anywhere_in_split_files_are_dead_letters_with_their_lines
     config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema=schema, on_invalid="dead_letter", max_files=3)])
     spark.conf.set("spark.sql.files.maxPartitionBytes", "16000")
     spark.conf.set("spark.sql.files.openCostInBytes", "0")
+    spark.conf.set(VALIDATOR_CONF, validator)  # (these small files would take the VARIANT route)
     try:
         assert spark.read.text(str(tmp_path / "src" / "part-1.jsonl")).rdd.getNumPartitions() >= 4  # split
         Runtime(config, spark).run()
     finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
-        spark.conf.unset("spark.sql.files.openCostInBytes")
+        for conf in ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes", VALIDATOR_CONF):
+            spark.conf.unset(conf)
+    assert asides == ([True] if validator == "arrow" else [])  # one epoch, with documents set aside
+    assert [p for p in Path(config.staging).rglob("*") if p.is_file() and "spool" in p.parts] == []
     dead = _dead(spark, Path(str(table) + "_dead_letters"))
     assert [(f, line) for _b, _e, f, line, _r, _d in dead] == [(f, n) for f, n, _w in bad]
     for (_b, _e, f, line, reason, _d), (_f, _n, word) in zip(dead, bad):

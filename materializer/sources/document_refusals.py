@@ -163,15 +163,17 @@ def first_misfit(reader: ShapeJudge, checked: "DataFrame") -> "tuple[Any, str, l
     return None
 
 
-def dead_letter_rows(reader: Any, marked: "Callable[[Any, DataFrame], DataFrame]") -> "DataFrame":
+def dead_letter_rows(reader: Any, marked: "Callable[[Any, DataFrame], DataFrame]", others: "DataFrame | None" = None) -> "DataFrame":
     """The invalid documents of ``reader``'s epoch (a ``DocumentReader`` whose check found some,
     ``bad_files``) with their file's URI, line number and problem (``on_invalid: dead_letter``).
 
-    Numbered as the error path numbers them: the lines of their files only, in file order (blank
+    Numbered as the error path numbers them: the lines of their files, in file order (blank
     lines counted), a part-read file's lines carrying their number already. With the arrow
-    validator only the documents it does not find fast (``marked``: the lines with those marks,
-    ``document_route.marked_lines``) are parsed and judged: a fast one is never a dead letter, and
-    the bad files can be the whole epoch."""
+    validator only the documents it does not find fast are parsed and judged (a fast one is never
+    a dead letter, and the bad files can be the whole epoch): ``others``, those documents as
+    ``document_route.set_aside`` kept them, parsed (the lines are then read again only to count
+    each split's), else the bad files' lines with the validator's marks (``marked``,
+    ``document_route.marked_lines``)."""
     from pyspark.sql import functions as F
 
     from materializer.dead_letters import rejected_rows, split
@@ -179,12 +181,17 @@ def dead_letter_rows(reader: Any, marked: "Callable[[Any, DataFrame], DataFrame]
 
     assert reader.lines is not None
     file = F.col(f"{SEQ}.file")
-    lines = with_line_numbers(reader.lines.where(file.isin(reader.bad_files)), "__n").withColumn(
-        "__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.col("__n"))
-    )
     arrow = reader.validator == "arrow" and reader.declared is not None and not reader.sequence_by
-    checked = reader.checked(marked(reader, reader._not_blank(lines)) if arrow else reader._with_variant(lines))
-    _good, bad = split(checked)
+    if others is not None:
+        # The splits are counted over every line of the epoch, as the set-aside job read them (a
+        # filter on the files could leave some out of the scan, and number its rows otherwise).
+        _good, bad = split(reader.checked(others))
+        bad = with_line_numbers(bad, "__n", counted=reader.lines)
+    else:
+        lines = with_line_numbers(reader.lines.where(file.isin(reader.bad_files)), "__n")
+        checked = reader.checked(marked(reader, reader._not_blank(lines)) if arrow else reader._with_variant(lines))
+        _good, bad = split(checked)
+    bad = bad.withColumn("__line", F.when(file == F.lit(""), F.col(f"{SEQ}.row")).otherwise(F.col("__n")))
     if arrow:
         # mapInArrow's rows carry the types the client declared them with, which Spark Connect
         # spells with their collation (a table of such a column is one delta-rs cannot open), and

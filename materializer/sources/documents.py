@@ -208,7 +208,7 @@ class DocumentsSource(Source):
             columns=self._columns,
         )
         change_controlled(reader, self.binding)
-        from materializer.sources.document_route import SMALL_EPOCH_BYTES, every_document_fast, validator
+        from materializer.sources.document_route import SMALL_EPOCH_BYTES, set_aside, validator
         from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
@@ -217,9 +217,16 @@ class DocumentsSource(Source):
             reader.validator = validator(spark, small=small, declared=declared)
         parsed = reader.parsed(plan)
         lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
+        # Dead letters of a bigger epoch: only a document the validator does not find fast can be
+        # one, so those are set aside in the spool by one job, for the checks and the dead letters.
+        aside = (
+            set_aside(reader, self.spool, spool_path.rsplit(".", 1)[0] + "-not-fast", files=True)
+            if declared is not None and reader.validator == "arrow" and reader.dead_letter and not reader.sequence_by
+            else None
+        )
         if (
             declared is not None and until is None and self.defer_checks and not reader.sequence_by
-            and (not reader.dead_letter or (reader.validator == "arrow" and every_document_fast(reader, files=True)))
+            and (not reader.dead_letter or (aside is not None and aside.others is None))
         ):
             # The types are known before reading: the checks ride along with the staging job (one
             # parse per epoch), and the runtime calls verify before committing. Without a schema
@@ -227,26 +234,36 @@ class DocumentsSource(Source):
             # so does sequence_by, whose fields (``_meta`` paths too) are typed by the epoch's shape
             # (a string sequence read as a number would be NULL, and order nothing), and dead letters,
             # which need the bad documents' files before staging: unless the validator finds every
-            # document fast (no dead letter then), a job that costs less than the check job.
+            # document fast (no dead letter then).
             documents, verify = reader.deferred(parsed)
             return SourceBatch(
                 documents=documents, checkpoint=plan.checkpoint(), count=0, description=plan.description(),
                 explain=reader.explain, lag=lag, verify=verify, small=small,
                 job_conf=ARROW_BATCHES_BY_RECORDS if reader.validator == "arrow" else {},
             )
-        if declared is not None and reader.validator == "arrow" and reader.dead_letter and not reader.sequence_by:
-            # Dead letters of a bigger epoch: the documents the validator finds fast need no
-            # check, so the check job and the staging job parse and judge the others only.
+        rejected = None
+        if aside is not None:
+            # The documents not fast are checked (their VARIANT route, from the spool); the fast
+            # ones need no check. The staging job judges the lines again, and routes the others.
             from materializer.sources.document_route import marked_documents
 
+            count, schema = aside.documents, declared
+            if aside.others is not None:
+                others = reader._with_variant(aside.others)
+                schema = reader.check(others)[1]
+                if reader.bad_files:
+                    rejected = reader.rejected(others)
             parsed = marked_documents(reader)
-        with session_confs(spark, ARROW_BATCHES_BY_RECORDS if "__ok" in parsed.columns else {}):
-            count, schema = reader.check(parsed)
+        else:
+            with session_confs(spark, ARROW_BATCHES_BY_RECORDS if "__ok" in parsed.columns else {}):
+                count, schema = reader.check(parsed)
+            if reader.bad_files:
+                rejected = reader.rejected()
         if reader.bad_files:
             # on_invalid: dead_letter (docs: 'Dead letters'): the valid documents go on.
             parsed, _bad = split(reader.checked(parsed))
         return SourceBatch(
-            rejected=reader.rejected() if reader.bad_files else None,
+            rejected=rejected,
             rejected_count=reader.bad,
             # No document (blank lines only), or every one a dead letter: no row, and no type for
             # the key to stage one with; the position (and the dead letters) are committed.

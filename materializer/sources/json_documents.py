@@ -436,12 +436,13 @@ class DocumentReader:
 
     # --- dead letters ---
 
-    def rejected(self) -> "DataFrame":
+    def rejected(self, others: "DataFrame | None" = None) -> "DataFrame":
         """The invalid documents with their file's URI, line number and problem (``dead_letter``):
-        :func:`materializer.sources.document_refusals.dead_letter_rows`."""
+        :func:`materializer.sources.document_refusals.dead_letter_rows` (``others``: the documents
+        the validator set aside, parsed, :func:`document_route.set_aside`)."""
         from materializer.sources.document_route import marked_lines
 
-        return dead_letter_rows(self, marked_lines)
+        return dead_letter_rows(self, marked_lines, others)
 
     # --- the rows ---
 

@@ -23,16 +23,20 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def with_line_numbers(lines: "DataFrame", name: str, columns: "tuple[str, str, str] | None" = None) -> "DataFrame":
+def with_line_numbers(
+    lines: "DataFrame", name: str, columns: "tuple[str, str, str] | None" = None, *, counted: "DataFrame | None" = None
+) -> "DataFrame":
     """``lines`` and ``name``: each line's 1-based number in its file (a LONG), blank lines
     counted. ``columns``: the names of the file, block and row columns (default: ``_seq``'s, as
-    the documents reader makes it). Both sides of the join read ``lines``: its row ids must be the
-    same on each read, as they are for a scan of the same files with the same settings."""
+    the documents reader makes it). ``counted``: the lines whose splits are counted, when
+    ``lines`` holds only some of them (default: ``lines``). Both sides of the join read the
+    lines: their row ids must be the same on each read, as they are for a scan of the same files
+    with the same settings."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     file, block, row = (F.col(c) for c in (columns or (f"{SEQ}.file", f"{SEQ}.block", f"{SEQ}.row")))
-    splits = lines.groupBy(file.alias("__nf"), block.alias("__nb")).agg(
+    splits = (lines if counted is None else counted).groupBy(file.alias("__nf"), block.alias("__nb")).agg(
         F.count(F.lit(1)).alias("__nn"), F.min(row).alias("__first")
     )
     # Lines of the file's splits before this one, and where this split's ids start.
