@@ -43,22 +43,47 @@ def _event(op: str, after: Any) -> bytes:
 @pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
+@pytest.mark.parametrize("validator", ["variant", "arrow"])
 def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_cut_short(
-    spark: Any, broker: Broker, tmp_path: Path
+    spark: Any, broker: Broker, tmp_path: Path, validator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broker.create_topic("dl", 2)
-    broker.create_topic("dl-dbz", 1)
-    broker.produce("dl", [
+    """By either route: with the arrow validator the records it does not find fast are set aside
+    in the spool for the checks and the dead letters (document_route.set_aside)."""
+    from materializer.sources import document_route
+
+    set_aside, asides = document_route.set_aside, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        found = set_aside(*args, **kwargs)
+        asides.append(found.others is not None)
+        return found
+
+    monkeypatch.setattr(document_route, "set_aside", recorded)
+    spark.conf.set(document_route.VALIDATOR_CONF, validator)  # (these few records would take the VARIANT route)
+    try:
+        _bad_records_land_once(spark, broker, tmp_path, f"-{validator}")
+    finally:
+        spark.conf.unset(document_route.VALIDATOR_CONF)
+    # The docs binding's three epochs, each with bad records (the killed run's epoch is applied
+    # again from its staged file, not read again).
+    assert asides == ([True] * 3 if validator == "arrow" else [])
+
+
+def _bad_records_land_once(spark: Any, broker: Broker, tmp_path: Path, suffix: str) -> None:
+    dl, dbz_topic = f"dl{suffix}", f"dl-dbz{suffix}"
+    broker.create_topic(dl, 2)
+    broker.create_topic(dbz_topic, 1)
+    broker.produce(dl, [
         (b"1", b'{"id": 1, "v": 1}', 0), (b"x", b"not json", 0), (b"y", b'{"v": "no key"}', 0),
         (b"2", b'{"id": 2, "v": 2}', 1), (b"3", b'{"id": 3, "_op": "x"}', 1),
         # Found by the declared schema alone (before, they stopped the run: only the epoch's shape showed them).
         (b"8", b'{"id": 8, "v": "12"}', 0), (b"9", b'{"id": 9, "v": 1, "w": {"u": 2}}', 1),
     ])
-    broker.produce("dl-dbz", [(b"7", _event("c", {"id": 7, "name": "g"}), 0), (b"8", _event("t", None), 0), (b"9", b"{", 0)])
+    broker.produce(dbz_topic, [(b"7", _event("c", {"id": 7, "name": "g"}), 0), (b"8", _event("t", None), 0), (b"9", b"{", 0)])
     tables = tmp_path / "tables"
     config = load_config(write_config(tmp_path, [
-        {**kafka_binding(broker, "docs", "dl", tables / "docs", schema="id BIGINT, v BIGINT"), "on_invalid": "dead_letter"},
-        {**kafka_binding(broker, "dbz", "dl-dbz", tables / "dbz", payload="debezium"), "on_invalid": "dead_letter"},
+        {**kafka_binding(broker, "docs", dl, tables / "docs", schema="id BIGINT, v BIGINT"), "on_invalid": "dead_letter"},
+        {**kafka_binding(broker, "dbz", dbz_topic, tables / "dbz", payload="debezium"), "on_invalid": "dead_letter"},
     ]))
 
     # Killed after the first table's commit, before its dead letters: the re-apply adds them once.
@@ -73,27 +98,27 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
     assert delta_rs_rows(tables / "dbz") == {7: {"id": 7, "name": "g"}}
     docs = _dead(tables / "docs_dead_letters")
     assert [r[:6] for r in docs] == [
-        ("docs", 1, "dl", 0, 1, "x"), ("docs", 1, "dl", 0, 2, "y"), ("docs", 1, "dl", 0, 3, "8"), ("docs", 1, "dl", 1, 1, "3"), ("docs", 1, "dl", 1, 2, "9"),
+        ("docs", 1, dl, 0, 1, "x"), ("docs", 1, dl, 0, 2, "y"), ("docs", 1, dl, 0, 3, "8"), ("docs", 1, dl, 1, 1, "3"), ("docs", 1, dl, 1, 2, "9"),
     ]
     assert "not valid JSON" in docs[0][6] and "key field 'id' is missing" in docs[1][6] and "'_op' is reserved" in docs[3][6]
     assert "field 'v' is a string but source.schema declares a number" in docs[2][6] and "field 'w' is not in the binding's source.schema" in docs[4][6]
     assert [r[7] for r in docs] == ["not json", '{"v": "no key"}', '{"id": 8, "v": "12"}', '{"id": 3, "_op": "x"}', '{"id": 9, "v": 1, "w": {"u": 2}}']
     dbz = _dead(tables / "dbz_dead_letters")
-    assert [r[:6] for r in dbz] == [("dbz", 1, "dl-dbz", 0, 1, "8"), ("dbz", 1, "dl-dbz", 0, 2, "9")]
+    assert [r[:6] for r in dbz] == [("dbz", 1, dbz_topic, 0, 1, "8"), ("dbz", 1, dbz_topic, 0, 2, "9")]
     assert "op 't'" in dbz[0][6] and dbz[1][7] == "{"
 
     # A later epoch's bad record is appended with its epoch; the first epoch's are not again.
-    broker.produce("dl", [(b"4", b'{"id": 4, "v": [1', 0), (b"5", b'{"id": 5, "v": 5}', 1)])
+    broker.produce(dl, [(b"4", b'{"id": 4, "v": [1', 0), (b"5", b'{"id": 5, "v": 5}', 1)])
     Runtime(config, spark).run()
-    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")] == [(1, "dl", 0, 1), (1, "dl", 0, 2), (1, "dl", 0, 3), (1, "dl", 1, 1), (1, "dl", 1, 2), (2, "dl", 0, 4)]
+    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")] == [(1, dl, 0, 1), (1, dl, 0, 2), (1, dl, 0, 3), (1, dl, 1, 1), (1, dl, 1, 2), (2, dl, 0, 4)]
     assert sorted(delta_rs_rows(tables / "docs")) == [1, 2, 5]
 
     # An epoch whose every record is a dead letter: no row to stage (no type for the key), its
     # position and its dead letters committed. Before, the staging failed on the missing key column.
-    broker.produce("dl", [(b"6", b"not json either", 1)])
+    broker.produce(dl, [(b"6", b"not json either", 1)])
     Runtime(config, spark).run()
     assert max(log_entries(config)) == 3
-    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")][-1] == (3, "dl", 1, 4)
+    assert [r[1:5] for r in _dead(tables / "docs_dead_letters")][-1] == (3, dl, 1, 4)
     assert sorted(delta_rs_rows(tables / "docs")) == [1, 2, 5]
 
     # What a drill's round checks: each table equals the oracle over the topic with the records

@@ -18,8 +18,7 @@ from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PR
 
 __all__ = [
     "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
-    "SetAside", "any_not_fast", "deferred", "every_document_fast", "explain", "fast_schema", "marked_documents", "marked_lines", "not_fast_only",
-    "set_aside", "typed_fast", "validator",
+    "SetAside", "deferred", "explain", "fast_schema", "marked_documents", "marked_lines", "not_fast_only", "set_aside", "typed_fast", "validator",
 ]
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
@@ -211,44 +210,11 @@ def marked_lines(reader: Any, lines: Any) -> Any:
     return marked.withColumn("__v", F.when(~F.col(OK), parse_one(F.col("value"))))
 
 
-def every_document_fast(reader: Any, *, files: bool = False) -> bool:
-    """Whether the validator finds every document of the epoch fast (a Spark job over the lines,
-    the validator's Python pass only, each partition's pass judging no further once it has found
-    a document not fast: :func:`any_not_fast`).
-
-    For ``on_invalid: dead_letter``, whose epochs otherwise check every document on the VARIANT
-    route in a job of their own before staging (the bad documents' files are needed first): an
-    epoch whose documents are all fast has no dead letter (a fast document is one the VARIANT
-    route takes as it is), so it is staged as ``fail``'s epochs are, its checks riding along with
-    the staging job (:func:`deferred`). An epoch with any other document, bad or merely unusual,
-    keeps the dead letters' own path. ``files``: the lines are a files epoch's, so the job's Arrow
-    batches need no byte limit (:data:`materializer.spark.settings.ARROW_BATCHES_BY_RECORDS`)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    declared = reader.declared
-    assert declared is not None and reader.lines is not None
-    answers = reader.document_lines().select("value").mapInArrow(
-        any_not_fast(declared.json(), list(reader.keys), list(reader.hidden)),
-        T.StructType([T.StructField("not_fast", T.BooleanType(), False)]),
-    )
-    from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
-
-    try:
-        with session_confs(reader.spark, ARROW_BATCHES_BY_RECORDS if files else {}):
-            row = answers.agg(F.max("not_fast").alias("any")).first()
-    except Exception as exc:  # noqa: BLE001 - an executor without the validator: one paragraph
-        missing = _missing(str(exc))
-        if missing is not None:
-            raise missing from exc
-        raise
-    return row is None or not row["any"]
-
-
 @dataclass(frozen=True)
 class SetAside:
     """What :func:`set_aside` found: the epoch's documents, and those the validator does not find
-    fast (``value`` and ``_seq``, read back from the spool; None: every document is fast)."""
+    fast as the reader keeps them (files: ``value`` and ``_seq``; Kafka: the records), read back
+    from the spool (None: every document is fast)."""
 
     documents: int
     others: "Any | None"
@@ -256,17 +222,17 @@ class SetAside:
 
 def set_aside(reader: Any, spool: Any, path: str, *, files: bool = False) -> SetAside:
     """For ``on_invalid: dead_letter``: one Spark job over the epoch's lines that judges each
-    document with the validator and writes the ones it does not find fast (``value``, ``_seq``)
+    document with the validator and writes the ones it does not find fast (:class:`SetAside`)
     to ``path`` in the spool (a Parquet dataset; the runtime deletes the epoch's spool once it is
     staged). Only those can be dead letters, so the checks, the refused shapes and the dead
     letters' rows read them from there instead of reading and judging the whole epoch again,
     each in a job of its own (an epoch of 450,000 documents with 18 bad ones read the lines six
-    times: docs, Performance). ``files``: as :func:`every_document_fast`."""
+    times: docs, Performance). ``files``: the lines are a files epoch's, so the job's Arrow
+    batches need no byte limit (:data:`materializer.spark.settings.ARROW_BATCHES_BY_RECORDS`)."""
     import uuid
 
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     from materializer.columns import SEQ
     from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
@@ -274,11 +240,20 @@ def set_aside(reader: Any, spool: Any, path: str, *, files: bool = False) -> Set
     declared = reader.declared
     assert declared is not None and reader.lines is not None
     lines = reader.document_lines()
+    if "__kafka" not in lines.columns:  # files: the lines as read (blank ones left out)
+        kept = lines.select("value", SEQ)
+        judged = kept
+    else:
+        # Kafka: the validator judges the text document_lines gives (none for a record with a
+        # problem of its own, which is then not fast), and the record is set aside as it is kept.
+        kept = reader.lines
+        judged = reader.lines.select(F.when(F.col("__kafka").isNull(), F.col("value")).alias("__judged"), "*")
     seen, left = Observation(f"documents_{uuid.uuid4().hex[:12]}"), Observation(f"not_fast_{uuid.uuid4().hex[:12]}")
     others = (
-        lines.observe(seen, F.count(F.lit(1)).alias("n"))
-        .select("value", SEQ)
-        .mapInArrow(not_fast_only(declared.json(), list(reader.keys), list(reader.hidden)), lines.select("value", SEQ).schema)
+        judged.observe(seen, F.count(F.lit(1)).alias("n"))
+        .mapInArrow(
+            not_fast_only(declared.json(), list(reader.keys), list(reader.hidden), len(judged.columns) - len(kept.columns)), kept.schema
+        )
         .observe(left, F.count(F.lit(1)).alias("n"))
     )
     uri = spool.spark_path(path)
@@ -294,9 +269,10 @@ def set_aside(reader: Any, spool: Any, path: str, *, files: bool = False) -> Set
     return SetAside(documents, reader.spark.read.parquet(uri) if set_apart else None)
 
 
-def not_fast_only(schema_json: str, keys: list[str], hidden: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def not_fast_only(schema_json: str, keys: list[str], hidden: list[str], skip: int = 0) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of :func:`set_aside`: each batch's documents the validator
-    does not find fast, as they came (``value`` first)."""
+    does not find fast (the text judged first), as they came, without the first ``skip``
+    columns."""
     judge = document_check.check_batches(schema_json, keys, hidden, typed=[], keep_text=True)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -305,40 +281,7 @@ def not_fast_only(schema_json: str, keys: list[str], hidden: list[str]) -> Calla
         for out in judge(batches):
             others = out.filter(pc.invert(out.column(OK)))
             if others.num_rows:
-                yield others.select(range(out.num_columns - 2))  # without OK and OP_COLUMN
-
-    return run
-
-
-def any_not_fast(schema_json: str, keys: list[str], hidden: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function (it runs on the executors, around
-    :func:`document_check.check_batches`) that answers whether a partition holds a document that
-    is not fast: one row (``not_fast``). Once it has found one it judges no further batch but still reads
-    its input to the end: a Python worker whose task ends before its input does (a ``limit``, an
-    ``isEmpty``) is not reused, and the next task pays a new worker's imports (half a second of
-    CPU each: an epoch read in 42 splits spent 25 s of workers' CPU on that question, against 5 s
-    for a whole pass)."""
-    judge = document_check.check_batches(schema_json, keys, hidden, typed=[], keep_text=False)
-
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        source = iter(batches)
-        found = [False]
-
-        def until_found() -> Iterator[Any]:
-            for batch in source:
-                yield batch
-                if found[0]:
-                    return
-
-        for out in judge(until_found()):
-            if not pc.all(out.column(OK), min_count=0).as_py():
-                found[0] = True
-        for _ in source:
-            pass
-        yield pa.RecordBatch.from_arrays([pa.array([found[0]], pa.bool_())], names=["not_fast"])
+                yield others.select(range(skip, out.num_columns - 2))  # without OK and OP_COLUMN
 
     return run
 

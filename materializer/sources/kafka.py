@@ -71,7 +71,7 @@ class KafkaSource(KafkaTransport, Source):
             return None
         if config.kafka_max_bytes is not None:
             plan = self.bounded(spark, plan, config.kafka_max_bytes)
-        return self._batch(spark, checkpoint, plan, defer=self.defer_checks)
+        return self._batch(spark, checkpoint, plan, defer=self.defer_checks, spool_path=spool_path)
 
     def replay(self, spark: "SparkSession", before: dict[str, Any] | None, after: dict[str, Any]) -> SourceBatch:
         """Exactly a committed epoch's records again (``after``: its checkpoint, whose ``range`` the
@@ -135,12 +135,14 @@ class KafkaSource(KafkaTransport, Source):
             self._held.unpersist()
             self._held = None
 
-    def _batch(self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False) -> SourceBatch:
-        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, every_document_fast, validator
+    def _batch(
+        self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False, spool_path: str | None = None
+    ) -> SourceBatch:
+        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, set_aside, validator
 
         reader = self.reader(spark, checkpoint)
         small = plan.records < SMALL_EPOCH_RECORDS
-        parsed = None
+        parsed, aside = None, None
         if defer and reader.declared is not None and reader.payload == "documents" and not reader.sequence_by and reader.unrouted is None:
             # The types are known before reading: the checks ride along with the staging job, as
             # the documents source's do (one read of the range and one parse per epoch, not two),
@@ -154,9 +156,13 @@ class KafkaSource(KafkaTransport, Source):
             if deferred:
                 self._release()  # (a replay's records, say)
                 parsed = self.parsed(spark, reader, plan)
-            elif chosen == "arrow":
+            elif chosen == "arrow" and spool_path is not None:
+                # The records the validator does not find fast are set aside in the spool: only
+                # those can be dead letters (as for files, documents.py).
                 parsed = self._explained(reader, lambda: self.parsed(spark, reader, plan, hold=True))
-                deferred = self._explained(reader, lambda: every_document_fast(reader))
+                reader.validator = chosen
+                aside = self._explained(reader, lambda: set_aside(reader, self.spool, spool_path.rsplit(".", 1)[0] + "-not-fast"))
+                deferred = aside.others is None
             if deferred:
                 reader.validator = chosen
                 assert parsed is not None
@@ -169,9 +175,24 @@ class KafkaSource(KafkaTransport, Source):
         # The checks' job, then the staging job (and the dead letters'): the range is read from
         # the brokers once, by the first of them, and kept for the others.
         held = parsed if parsed is not None else self._explained(reader, lambda: self.parsed(spark, reader, plan, hold=True))
-        count, schema = self._explained(reader, lambda: reader.check(held))
         parsed, rejected = held, None
-        if reader.bad:
+        if aside is not None and aside.others is not None:
+            # Checked from the spool; the staging job judges the held records again and parses
+            # the others only (document_route.marked_documents).
+            from pyspark.sql import functions as F
+
+            from materializer.sources.document_route import marked_documents
+            from materializer.sources.json_text import parse_one
+
+            others = aside.others.withColumn("__v", parse_one(F.col("value")))
+            count, schema = aside.documents, self._explained(reader, lambda: reader.check(others))[1]
+            parsed = marked_documents(reader)
+            if reader.bad:
+                rejected = reader.rejected_records(reader.checked(others))
+                parsed = split(reader.checked(parsed))[0]
+        else:
+            count, schema = self._explained(reader, lambda: reader.check(held))
+        if reader.bad and rejected is None:
             # on_invalid: dead_letter (docs: 'Dead letters'): the valid records go on.
             checked = reader.checked(held)
             parsed, rejected = split(checked)[0], reader.rejected_records(checked)

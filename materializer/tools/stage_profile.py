@@ -107,21 +107,21 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         return latest.selectExpr(*[f"`{c}`" if c in keys else f"__last.`{c}` AS `{c}`" for c in columns])
 
     def ours_arrow_dead_letter_parquet() -> None:
-        # on_invalid: dead_letter, no bad document: the validator asked first (a job of its own),
-        # then staged as fail's epochs are.
-        from materializer.sources.document_route import every_document_fast
+        # on_invalid: dead_letter, no bad document: the validator's set-aside job first (it finds
+        # none to set aside), then staged as fail's epochs are.
+        from materializer.sources.document_route import set_aside
 
         r, parsed = reader("arrow", dead_letter=True)
-        assert every_document_fast(r)
+        assert set_aside(r, open_store(str(out)), "spool-not-fast", files=True).others is None
         rows, verify = r.deferred(parsed)
         parquet(combine(rows), "ours-arrow-dead-letter")
         verify()
 
     def ours_dead_letter_checked_parquet(marked: bool = True) -> None:
-        # on_invalid: dead_letter's own path (an epoch with a bad document): the check job, then
-        # the staging job, on the documents the validator marks as the runtime runs them (only the
-        # others parsed and judged); marked=False: every document on the VARIANT route (until
-        # 2026-11-29).
+        # on_invalid: dead_letter's own path (an epoch with a bad document) as the runtime ran it
+        # until 2026-11-29 14:00 (since, the check job reads the documents set aside): the check
+        # job, then the staging job, on the documents the validator marks (only the others parsed
+        # and judged); marked=False: every document on the VARIANT route (until 2026-11-29).
         from materializer.sources.document_route import marked_documents
 
         r, parsed = reader("arrow", dead_letter=True)
