@@ -412,9 +412,9 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     rows = table_rows(spark, table, ["id"])
     assert {key[0]: row.get("note") for key, row in rows.items()} == {2: "a:b", 5: '{"any":1}'}
 
-    # With dead letters: the refused epoch's bad document is set aside (the validator's question
-    # finds it, and the dead letters' own path names it); an epoch of fast documents only is
-    # staged on the arrow route, as fail's.
+    # With dead letters: the refused epoch's bad document is a dead letter (the validator's pass
+    # sets it aside in the spool, where the checks and the dead letters' rows read it); an epoch
+    # of fast documents only is staged on the arrow route, as fail's.
     write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 6, "amount": 6.5}])
     lenient = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, amount DOUBLE, note STRING", max_files=1, on_invalid="dead_letter")])
     spark.conf.set(VALIDATOR_CONF, "arrow")
