@@ -335,6 +335,22 @@ def record_document_paths(monkeypatch: Any) -> list[str]:
     return paths
 
 
+def record_set_asides(monkeypatch: Any) -> list[bool]:
+    """Per dead-letter epoch the arrow validator judged (``document_route.set_aside``), in order:
+    whether it set any document aside (files and Kafka alike)."""
+    from materializer.sources import document_route
+
+    set_aside, asides = document_route.set_aside, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        found = set_aside(*args, **kwargs)
+        asides.append(found.others is not None)
+        return found
+
+    monkeypatch.setattr(document_route, "set_aside", recorded)
+    return asides
+
+
 class FakeConf:
     """``SparkSession.conf`` for tests without a JVM: ``get``/``set``/``unset`` over a dict."""
 

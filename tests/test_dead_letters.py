@@ -126,18 +126,10 @@ def test_bad_documents_anywhere_in_split_files_are_dead_letters_with_their_lines
     import json
     import random
 
-    from materializer.sources import document_route
     from materializer.sources.document_route import VALIDATOR_CONF
-    from tests.helpers import delta_rs_rows
+    from tests.helpers import delta_rs_rows, record_set_asides
 
-    set_aside, asides = document_route.set_aside, []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        found = set_aside(*args, **kwargs)
-        asides.append(found.others is not None)
-        return found
-
-    monkeypatch.setattr(document_route, "set_aside", recorded)
+    asides = record_set_asides(monkeypatch)
     rng = random.Random(20261128)
     expected: dict[int, dict[str, Any]] = {}
     bad: list[tuple[str, int, str]] = []

@@ -49,21 +49,15 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
 ) -> None:
     """By either route: with the arrow validator the records it does not find fast are set aside
     in the spool for the checks and the dead letters (document_route.set_aside)."""
-    from materializer.sources import document_route
+    from materializer.sources.document_route import VALIDATOR_CONF
+    from tests.helpers import record_set_asides
 
-    set_aside, asides = document_route.set_aside, []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        found = set_aside(*args, **kwargs)
-        asides.append(found.others is not None)
-        return found
-
-    monkeypatch.setattr(document_route, "set_aside", recorded)
-    spark.conf.set(document_route.VALIDATOR_CONF, validator)  # (these few records would take the VARIANT route)
+    asides = record_set_asides(monkeypatch)
+    spark.conf.set(VALIDATOR_CONF, validator)  # (these few records would take the VARIANT route)
     try:
         _bad_records_land_once(spark, broker, tmp_path, f"-{validator}")
     finally:
-        spark.conf.unset(document_route.VALIDATOR_CONF)
+        spark.conf.unset(VALIDATOR_CONF)
     # The docs binding's three epochs, each with bad records (the killed run's epoch is applied
     # again from its staged file, not read again).
     assert asides == ([True] * 3 if validator == "arrow" else [])
