@@ -28,7 +28,13 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-import pytest
+# Before anything imports gRPC (Spark Connect's client): its fork handlers restart its poller in a
+# forked child, which crashed the child before its exec when a worker that had run a Connect test
+# started the shared session's JVM (a CI run's 281 errors, 2026-11-29; grpc issue 43055). The
+# product sets the same where it opens a Connect session (materializer.spark.connect).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import pytest  # noqa: E402
 from hypothesis import settings
 
 from tests import cds, helpers

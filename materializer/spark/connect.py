@@ -18,6 +18,13 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
     """
     from materializer.errors import ConfigError
 
+    # gRPC's fork handlers (on by default) restart its poller thread in a forked child, which
+    # can crash the child before it execs when the fork closes the poller's descriptor (grpc
+    # issue 43055): a process that used Connect and then starts a process with preexec_fn (a
+    # local JVM, PySpark's launcher; the drill's runs) could lose that child. Nothing here uses
+    # gRPC in a forked child; read when gRPC starts, so set before the first import. A user's own
+    # setting wins.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     try:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
     except ImportError as exc:
