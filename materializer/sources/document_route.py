@@ -234,20 +234,11 @@ def set_aside(reader: Any, spool: Any, path: str, *, files: bool = False) -> Set
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    from materializer.columns import SEQ
     from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
 
     declared = reader.declared
     assert declared is not None and reader.lines is not None
-    lines = reader.document_lines()
-    if "__kafka" not in lines.columns:  # files: the lines as read (blank ones left out)
-        kept = lines.select("value", SEQ)
-        judged = kept
-    else:
-        # Kafka: the validator judges the text document_lines gives (none for a record with a
-        # problem of its own, which is then not fast), and the record is set aside as it is kept.
-        kept = reader.lines
-        judged = reader.lines.select(F.when(F.col("__kafka").isNull(), F.col("value")).alias("__judged"), "*")
+    judged, kept = reader.judged_lines()
     seen, left = Observation(f"documents_{uuid.uuid4().hex[:12]}"), Observation(f"not_fast_{uuid.uuid4().hex[:12]}")
     others = (
         judged.observe(seen, F.count(F.lit(1)).alias("n"))

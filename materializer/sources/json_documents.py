@@ -196,6 +196,12 @@ class DocumentReader:
         assert self.lines is not None
         return self._not_blank(self.lines)
 
+    def judged_lines(self) -> tuple["DataFrame", "DataFrame"]:
+        """What the validator's set-aside job judges (the text first) and what it keeps of each
+        document (:func:`document_route.set_aside`): the lines that are documents, as read."""
+        kept = self.document_lines().select("value", SEQ)
+        return kept, kept
+
     @staticmethod
     def _not_blank(text: "DataFrame") -> "DataFrame":
         from pyspark.sql import functions as F

@@ -114,6 +114,14 @@ class KafkaReader(DocumentReader):
         # Unlike lines of a file, no record is skipped: a blank value is refused as not JSON.
         return records.withColumn("__v", parse_one(F.col("value")))
 
+    def judged_lines(self) -> tuple["DataFrame", "DataFrame"]:
+        """The text :meth:`document_lines` gives is judged (none for a record with a problem of its
+        own, which is then not fast), and the record is kept as it is read."""
+        from pyspark.sql import functions as F
+
+        assert self.lines is not None
+        return self.lines.select(F.when(F.col("__kafka").isNull(), F.col("value")).alias("__judged"), "*"), self.lines
+
     def document_lines(self) -> "DataFrame":
         """Every record's text (a blank value is refused as not JSON, never skipped); a record
         with a problem of its own (``__kafka``: a tombstone, a key that disagrees with the value)
