@@ -55,7 +55,7 @@ def bench(
     ),
     binding_rows: int = typer.Option(100, "--binding-rows", min=1, help="With --bindings: documents per binding per epoch."),
     parallel_bindings: Optional[int] = typer.Option(
-        None, "--parallel-bindings", min=1, help="With --bindings: transaction.parallel_bindings of the side-by-side runs."
+        None, "--parallel-bindings", min=1, help="With --bindings: transaction.parallel_bindings of the side-by-side runs (default: auto, half the cores)."
     ),
     sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="With --bindings: also run one binding at a time."),
     bindings_peer: bool = typer.Option(

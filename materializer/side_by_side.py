@@ -19,8 +19,11 @@ exactly the sequential loop this replaced.
 
 from __future__ import annotations
 
+import math
+import os
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -100,3 +103,35 @@ def _noting(work: Callable[[T, int], R], label: Callable[[T], str]) -> Callable[
             raise
 
     return noted
+
+
+MOST_BY_DEFAULT = 8
+"""``transaction.parallel_bindings: auto`` never picks more threads than this."""
+
+
+def machine_cores() -> int:
+    """The cores this process may use: its CPU affinity, bounded by a cgroup v2 CPU quota (a
+    container's ``--cpus``, a Kubernetes pod's CPU limit) where one is set, as the JVM counts them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def workers_for(setting: "int | str", *, connect: bool, cores: Callable[[], int] = machine_cores) -> int:
+    """The threads ``transaction.parallel_bindings`` asks for. ``auto``: half the driver machine's
+    cores (an apply's planning and Delta's commit are the driver's work, and the next epoch's
+    reading takes its share), at least 1 and at most :data:`MOST_BY_DEFAULT`; over Spark Connect
+    1, since the client cannot see the server's cores."""
+    if setting != "auto":
+        return int(setting)
+    if connect:
+        return 1
+    return max(1, min(MOST_BY_DEFAULT, cores() // 2))

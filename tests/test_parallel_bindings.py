@@ -23,7 +23,7 @@ from materializer.merge import DeltaWriter
 from materializer.progress import ListCollector
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
-from materializer.side_by_side import run_each
+from materializer.side_by_side import machine_cores, run_each, workers_for
 from materializer.storage import open_store
 from tests.helpers import InProcessCrash, assert_tables_equal_oracle, binding, write_config, write_jsonl
 
@@ -64,6 +64,21 @@ def test_one_worker_is_the_sequential_loop() -> None:
     assert calls == [
         ("work", "a", 0, me), ("after", "a", 2), ("work", "b", 0, me), ("after", "b", 1), ("work", "c", 0, me), ("after", "c", 0),
     ]
+
+
+def test_auto_is_half_the_drivers_cores_between_one_and_eight_and_one_over_connect() -> None:
+    for cores, threads in ((1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (16, 8), (96, 8)):
+        assert workers_for("auto", connect=False, cores=lambda c=cores: c) == threads, cores
+    assert workers_for("auto", connect=True, cores=lambda: 64) == 1
+    assert workers_for(3, connect=True) == 3  # a number is taken as it is
+    assert 1 <= machine_cores() <= (__import__("os").cpu_count() or 1)
+    from materializer.config.pipeline import TransactionConfig
+
+    assert TransactionConfig().parallel_bindings == "auto"
+    assert TransactionConfig.model_validate({"parallel_bindings": 4}).parallel_bindings == 4
+    for wrong in (0, 65, "many"):
+        with pytest.raises(ValueError):
+            TransactionConfig.model_validate({"parallel_bindings": wrong})
 
 
 def test_a_failure_starts_nothing_more_waits_for_those_in_flight_and_names_the_earliest() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -23,12 +24,14 @@ class TransactionConfig(Model):
     pipelined: bool = True
     """Apply epoch N in the background while epoch N+1 is read and combined (seed 000's
     pipelining). ``false`` applies first, then reads: slower, one thing at a time."""
-    parallel_bindings: int = Field(default=1, ge=1, le=64)
+    parallel_bindings: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = "auto"
     """How many of an epoch's bindings are staged, checked and applied at once (threads on the one
     Spark cluster, each apply in a SparkSession of its own, each in a FAIR scheduler pool of its own
-    so a big binding does not starve the small ones). ``1`` (the default) does them one after
-    another, in binding order: on two cores side by side saved 14 % of an epoch's wall time and no
-    CPU, so raise it where the cluster has cores to spare. Every table still gets its epoch once: the epoch is acknowledged only when every
+    so a big binding does not starve the small ones). ``auto`` (the default): half the cores of the
+    driver's machine (the applies' planning and Delta's commits are the driver's work), at least 1
+    and at most 8; 1 over Spark Connect, whose server's cores the client cannot see. On two cores
+    that is 1, one after another in binding order: there side by side saved 14 % of an epoch's wall
+    time and no CPU. Every table still gets its epoch once: the epoch is acknowledged only when every
     binding's table is applied, and a failure in one binding stops the epoch, naming it, after the
     others in flight have finished (docs: 'Many bindings')."""
     copy_on_write_below_bytes: int = Field(default=16 * 1024 * 1024, ge=0)

@@ -18,7 +18,7 @@ from materializer.driver.table_fit import TableFit
 from materializer.option_changes import table_options
 from materializer.merge import DEAD_LETTER_SUFFIX, DeltaWriter, SnapshotWarmer
 from materializer.staging import StagingArea
-from materializer.side_by_side import run_each
+from materializer.side_by_side import run_each, workers_for
 from materializer.progress import Collector
 from materializer.protocol import (
     Acknowledge,
@@ -77,9 +77,9 @@ class DeltaDriver(Driver):
         self._acknowledged: int | None = None
         self._dead_letter_tables: dict[str, str] | None = None
         """Per dead-lettering binding, its dead-letter table's identity (several may share one)."""
-        from materializer.spark import isolated_session
+        from materializer.spark import is_connect, isolated_session
 
-        self.parallel = config.transaction.parallel_bindings
+        self.parallel = workers_for(config.transaction.parallel_bindings, connect=is_connect(spark))
         """How many bindings are staged and applied at once (``transaction.parallel_bindings``)."""
         self.apply_spark = isolated_session(spark)
         self.writer = DeltaWriter(self.apply_spark, config, self.staging_area, self.collector)

@@ -4,8 +4,8 @@ For each N (default 1, 16 and 64) the bench writes N small document collections 
 source, one JSON Lines file per epoch of ``rows`` documents, ``source.max_files: 1``, so each
 epoch takes one file of every binding), then runs the materializer end to end in this process
 (``Runtime(config, spark).run()``) twice on fresh state: with the bindings side by side
-(``transaction.parallel_bindings`` = ``parallel``) and one after another (``parallel_bindings: 1``,
-the order before issue 32). Per run: the wall seconds and CPU seconds (this Python process, the
+(``transaction.parallel_bindings`` = ``parallel``, ``auto`` when not given) and, when that is more
+than one thread, one after another (``parallel_bindings: 1``, the order before issue 32). Per run: the wall seconds and CPU seconds (this Python process, the
 Spark JVM and its Python workers: :func:`materializer.tools.bench.cpu_seconds`) of each epoch,
 from one Acknowledged to the next (the first epoch includes Open and the tables' creation, so the
 figure reported is the median of the later epochs), and the Spark jobs of the whole run.
@@ -123,11 +123,16 @@ def pipeline_config(work: Path, sources: list[Path], parallel: int | None, pipel
     })
 
 
-def run_one(spark: "SparkSession", root: Path, sources: list[Path], parallel: int | None, options: BindingsOptions) -> dict[str, Any]:
+def run_one(
+    spark: "SparkSession", root: Path, sources: list[Path], parallel: int | None, options: BindingsOptions, label: str = "parallel"
+) -> dict[str, Any]:
+    """One run of the pipeline over ``sources``: ``label`` "parallel" is the configured thread count
+    (``parallel``; None: ``auto``), "sequential" the run one binding at a time beside it."""
     from materializer.runtime import Runtime
+    from materializer.side_by_side import workers_for
+    from materializer.spark import is_connect
     from materializer.tools.bench import next_job_id
 
-    label = "sequential" if parallel == 1 else "parallel"
     work = root / f"run-{len(sources)}-{label}"
     shutil.rmtree(work, ignore_errors=True)
     config = pipeline_config(work, sources, parallel, options.pipelined, options.epochs)
@@ -144,7 +149,7 @@ def run_one(spark: "SparkSession", root: Path, sources: list[Path], parallel: in
     return {
         "bindings": len(sources),
         "mode": label,
-        "parallel_bindings": config.transaction.parallel_bindings,
+        "parallel_bindings": workers_for(config.transaction.parallel_bindings, connect=is_connect(spark)),
         "last_epoch": summary.last_epoch,
         "run_wall": round(wall, 3),
         "spark_jobs": (jobs1 - jobs0) if jobs0 is not None and jobs1 is not None else None,
@@ -155,7 +160,8 @@ def run_one(spark: "SparkSession", root: Path, sources: list[Path], parallel: in
 
 
 def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = print, spark: "SparkSession | None" = None) -> dict[str, Any]:
-    from materializer.spark import session_for
+    from materializer.side_by_side import workers_for
+    from materializer.spark import is_connect, session_for
 
     if spark is None:
         spark = session_for(options.master, {"spark.driver.memory": "2g", **options.conf}, app_name="materializer-bench")
@@ -165,11 +171,13 @@ def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = pr
     # A warm-up (JIT, Delta's classes): one binding, not reported.
     say("warm-up: 1 binding")
     run_one(spark, root / "warmup", write_collections(root / "warmup" / "src", 1, 2, options.rows), options.parallel, options)
+    # transaction.parallel_bindings' default (auto) resolved as the runs will: one run per thread count.
+    side_by_side = workers_for(options.parallel or "auto", connect=is_connect(spark))
     for n in options.bindings:
         sources = write_collections(root / f"src-{n}", n, options.epochs, options.rows)
-        modes = [options.parallel] + ([1] if options.sequential and n > 1 else [])
-        for parallel in modes:
-            result = run_one(spark, root, sources, parallel, options)
+        modes = [("parallel", side_by_side)] + ([("sequential", 1)] if options.sequential and n > 1 and side_by_side > 1 else [])
+        for label, parallel in modes:
+            result = run_one(spark, root, sources, parallel, options, label)
             runs.append(result)
             say(
                 f"{n} bindings, {result['mode']} (parallel_bindings {result['parallel_bindings']}): epoch "
@@ -177,7 +185,7 @@ def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = pr
                 f"{result['spark_jobs']} Spark jobs"
             )
         if options.peer:
-            for threads in sorted({1, options.parallel or 1}) if options.sequential else [options.parallel or 1]:
+            for threads in sorted({1, side_by_side}) if options.sequential else [side_by_side]:
                 result = run_peer(spark, root, sources, threads, options)
                 runs.append(result)
                 say(f"{n} tables, peer ({threads} thread(s)): epoch {result['epoch_wall']:.1f} s wall, {result['epoch_cpu']:.1f} s CPU")
