@@ -441,7 +441,8 @@ def test_drill_on_a_one_epoch_pipeline_passes(tmp_path: Path) -> None:
 @pytest.mark.drill
 @pytest.mark.subprocess
 def test_damage_all_kinds(tmp_path: Path) -> None:
-    cfg_path = pipeline(tmp_path, files=4)
+    # Each damage takes an epoch of its own, from the second on: five files, one an epoch.
+    cfg_path = pipeline(tmp_path, files=5)
     result, data = _drill(tmp_path, cfg_path, "--scenario", "damage")
     assert result.returncode == 0, result.stdout + result.stderr
     failed = [r for r in data["runs"] if r["plan"].startswith("after ")]
