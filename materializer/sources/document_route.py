@@ -101,8 +101,9 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     Spark job reads the lines, marks the fast ones in Arrow batches and types their top-level
     scalars there (:func:`python_typed`; their other fields with ``from_json``), and sends the
     others down the VARIANT route (parse, the staging job's lean checks, cast), all
-    ahead of the staging write. ``parsed`` (the VARIANT route over every line) is kept for the
-    error path: when any document is refused, the VARIANT route's full check job names it.
+    ahead of the staging write. On the error path (a document refused) the full checks name it:
+    the validator marks the lines again and only the documents it does not find fast are parsed
+    and judged (:func:`marked_lines`), as the dead letters' are; a fast one is never refused.
     ``python_types=False`` types every field with ``from_json`` (the route before the validator
     typed scalars; ``stage_profile`` measures both)."""
     import uuid
@@ -116,6 +117,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
 
     assert reader.declared is not None and reader.lines is not None
     reader.deferred_documents = parsed
+    reader.marked = True
     staged = marked_documents(reader, python_types=python_types)
     ok = F.col(OK)
     checked = reader.checked(staged, lean=True)  # the documents not fast only
@@ -128,7 +130,7 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         shape = row["shape"]
         if row["bad"] or (shape is not None and reader.single_problems(parse_shape(shape))):
             rereading(reader.store.uri, reader.small)
-            reader.check(parsed)  # the VARIANT route over every document names the refused ones
+            check_not_fast(reader)
             if not row["bad"]:
                 # The merged shape mixes kinds the declared types take each of (a TIMESTAMP from
                 # text and from seconds), and every document fits alone: the rows stand.
@@ -141,6 +143,21 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
         return int(row["n"])
 
     return reader.rows(good, reader.declared), verify
+
+
+def check_not_fast(reader: Any) -> None:
+    """The full checks (``reader.check``: the VARIANT route, its words and file:line) over the
+    epoch's documents the validator does not find fast, on the error path of a staging job of
+    this route: the fast ones are marked again, not parsed (a fast document is one the full checks
+    take), and so are the lines of the bad file the error numbers. A VARIANT parse of every
+    document made this path about twice as long as the staging job (docs, Performance). Not for a
+    staging job that failed in ``from_json``: there the validator found the culprit fast
+    (:func:`explain`, the VARIANT route over every document)."""
+    reader.judged_for_errors = lambda lines: marked_lines(reader, lines)
+    try:
+        reader.check(marked_lines(reader, reader.document_lines()))
+    finally:
+        reader.judged_for_errors = None
 
 
 def marked_documents(reader: Any, *, python_types: bool = True) -> Any:

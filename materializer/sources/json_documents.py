@@ -110,6 +110,13 @@ class DocumentReader:
         """Lines of a part-read file (a previous version's checkpoint) that are not this epoch's."""
         self.deferred_documents: DataFrame | None = None
         """The parsed documents when their checks are deferred to the staging job (:meth:`deferred`)."""
+        self.marked = False
+        """Whether the staging job's documents are the arrow validator's marked ones
+        (:func:`document_route.deferred`): only the documents it does not find fast are cast."""
+        self.judged_for_errors: "Callable[[DataFrame], DataFrame] | None" = None
+        """How the error path readies a bad file's numbered lines for :meth:`checked` (None: each
+        parsed, :meth:`_with_variant`). Where every refused document is one the arrow validator does
+        not find fast, the others need no parse (:func:`document_route.marked_lines`)."""
         self.sequence_by: list[str] = []
         """The binding's ``sequence_by`` paths: checked per document, and read into ``__sequence``."""
         self.hidden: tuple[str, ...] = ()
@@ -412,8 +419,9 @@ class DocumentReader:
         from pyspark.sql import functions as F
 
         name = self._name(first["file"])
-        lines = self._with_variant(self.numbered(name).where(F.col("line") > self.done.get(name, 0)))
-        lines = self.checked(lines)
+        numbered = self.numbered(name).where(F.col("line") > self.done.get(name, 0))
+        judged = self.judged_for_errors
+        lines = self.checked(judged(self._not_blank(numbered)) if judged is not None else self._with_variant(numbered))
         if shape is not None:
             wanted = (F.col("__problem").isNull()) & (F.schema_of_variant(F.col("__v")) == F.lit(shape))
         else:
@@ -471,14 +479,21 @@ class DocumentReader:
             columns.append(sequence_column(F.col("__v"), self.sequence_by, self.shape, self.store.uri).alias(SEQUENCE))
         return parsed.select(*columns, op.alias(OP), F.col(SEQ))
 
-    def located(self) -> SourceError | None:
+    def located(self, not_fast: bool = False) -> SourceError | None:
         """With the checks deferred to a staging job that failed: the full checks' error naming
-        the refused documents (a Spark job, error path only); None when they refuse none."""
+        the refused documents (a Spark job, error path only); None when they refuse none.
+        ``not_fast``: the documents the arrow validator does not find fast only
+        (:func:`document_route.check_not_fast`), where the failure can only be theirs."""
         if self.deferred_documents is None:
             return None
         rereading(self.store.uri, self.small)
         try:
-            self.check(self.deferred_documents)
+            if not_fast:
+                from materializer.sources.document_route import check_not_fast
+
+                check_not_fast(self)
+            else:
+                self.check(self.deferred_documents)
         except SourceError as found:
             return found
         return None
@@ -495,8 +510,9 @@ class DocumentReader:
         if "INVALID_VARIANT_CAST" not in text and "CAST_INVALID_INPUT" not in text:
             return None
         # Checks deferred to the staging job, which the cast failed: the check job (error path
-        # only) names the file and line when a document's kind is what failed it.
-        located = self.located()
+        # only) names the file and line when a document's kind is what failed it. On the arrow
+        # validator's route the VARIANT cast is the documents' it does not find fast: theirs only.
+        located = self.located(not_fast=self.marked and "INVALID_VARIANT_CAST" in text)
         if located is not None:
             return located
         first = next((line for line in text.splitlines() if "INVALID_VARIANT_CAST" in line or "CAST_INVALID_INPUT" in line), text)
