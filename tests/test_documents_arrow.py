@@ -593,12 +593,28 @@ def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tm
     """Naming a refused document reads the epoch again (the full checks, then its lines
     numbered): on a big file that is as long as the staging job was, so the run says so first,
     found by the staging job's checks or by its failed cast alike. A small epoch's error comes
-    as fast as that line would: nothing more is said."""
+    as fast as that line would: nothing more is said. Either way the error path parses only the
+    documents the validator does not find fast: the full checks and the bad file's numbered lines
+    get the validator's marks (``__ok``), not a VARIANT parse of every line."""
     import logging
 
     from materializer.sources import document_route
+    from materializer.sources.json_documents import DocumentReader
 
     monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 200)
+    judged: list[tuple[str, bool]] = []
+    check, located = DocumentReader.check, DocumentReader._located
+
+    def spied_check(self: Any, parsed: Any) -> Any:
+        judged.append(("check", "__ok" in parsed.columns))
+        return check(self, parsed)
+
+    def spied_located(self: Any, *args: Any, **kwargs: Any) -> Any:
+        judged.append(("lines", self.judged_for_errors is not None))
+        return located(self, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentReader, "check", spied_check)
+    monkeypatch.setattr(DocumentReader, "_located", spied_located)
     cast = '{"id": 9, "address": {"n": 3000000000}}'  # fails the staging job's cast
     undeclared = '{"id": 9, "colour": "red"}'  # found by its checks
     for folder, count, bad, said in (("big-cast", 8, cast, True), ("big", 8, undeclared, True), ("small", 0, undeclared, False)):
@@ -610,3 +626,5 @@ def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tm
         rereads = [r.getMessage() for r in caplog.records if "reading the epoch again" in r.getMessage()]
         expected = f"{tmp_path / folder / 'src'}: the staging job found documents to check more closely; reading the epoch again to name any refused (file and line)"
         assert rereads == ([expected] if said else []), (folder, rereads)
+        assert judged and all(marked for _what, marked in judged) and judged[-1][0] == "lines", (folder, judged)
+        judged.clear()
