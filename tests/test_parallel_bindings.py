@@ -9,6 +9,7 @@ recovered, re-applying only the tables that were not applied.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def test_auto_is_half_the_drivers_cores_between_one_and_eight_and_one_over_conne
         assert workers_for("auto", connect=False, cores=lambda c=cores: c) == threads, cores
     assert workers_for("auto", connect=True, cores=lambda: 64) == 1
     assert workers_for(3, connect=True) == 3  # a number is taken as it is
-    assert 1 <= machine_cores() <= (__import__("os").cpu_count() or 1)
+    assert 1 <= machine_cores() <= (os.cpu_count() or 1)
     from materializer.config.pipeline import TransactionConfig
 
     assert TransactionConfig().parallel_bindings == "auto"

@@ -149,8 +149,9 @@ def check_not_fast(reader: Any) -> None:
     """The full checks (``reader.check``: the VARIANT route, its words and file:line) over the
     epoch's documents the validator does not find fast, on the error path of a staging job of
     this route: the fast ones are marked again, not parsed (a fast document is one the full checks
-    take), and so are the lines of the bad file the error numbers. A VARIANT parse of every
-    document made this path about twice as long as the staging job (docs, Performance). Not for a
+    take), and so are the lines of the bad file the error numbers. With a VARIANT parse of every
+    document, four bad lines of a 2M-line file were named after 76.9 s, without it after 30.9 s,
+    where the clean file lands in 27.3 s (docs: 'The documents source'). Not for a
     staging job that failed in ``from_json``: there the validator found the culprit fast
     (:func:`explain`, the VARIANT route over every document)."""
     reader.judged_for_errors = lambda lines: marked_lines(reader, lines)
