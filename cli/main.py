@@ -7,6 +7,7 @@ their heavy modules (Spark) inside the command, so ``--help`` is instant.
 from __future__ import annotations
 
 import logging
+import sys
 
 import typer
 
@@ -56,7 +57,13 @@ def main() -> None:
 
     # pyspark's import-time advice about pandas 3 concerns its pandas API, which we do not use.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    app()
+    try:
+        app()
+    finally:
+        if "pyspark" in sys.modules:  # a command that started Spark: its JVM ends before we do
+            from materializer.spark import end_jvm
+
+            end_jvm()
 
 
 if __name__ == "__main__":

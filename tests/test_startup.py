@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ import pytest
 from materializer import jars
 from materializer.errors import StartupError
 from materializer.spark import DELTA_PACKAGE
-from tests.helpers import binding, run_cli, write_config, write_jsonl
+from tests.helpers import binding, cli_env, run_cli, write_config, write_jsonl
 
 # --- what gets resolved (no JVM) ------------------------------------------------------------------
 
@@ -292,6 +293,40 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "WARN NativeCodeLoader" in verbose.stderr  # Spark's own log4j defaults
     assert "WARNING: Using incubator modules" in verbose.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker`` (ours: /proc/PID/environ is readable)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours
+    return found
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_a_command_ends_after_its_jvm_and_the_jvms_cpu_is_the_commands(pipeline: Path, tmp_path: Path) -> None:
+    """PySpark never waits for the JVM it launches: it exited after our process, unreaped by it, so
+    `time materializer run` counted the Python's CPU only (about a second of a run's 10-30) and the
+    command returned while its JVM still ran. Now the CLI ends its JVM and reaps it."""
+    marker = f"MATERIALIZER_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    key, value = marker.split("=")
+    err = tmp_path / "stderr.txt"
+    with err.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "materializer_cli", "run", "--config", str(pipeline)],
+            env=cli_env({key: value}), stdout=subprocess.DEVNULL, stderr=stderr,
+        )
+        _, status, usage = os.wait4(process.pid, 0)  # the CLI's rusage: it and every child it reaped
+    assert os.waitstatus_to_exitcode(status) == 0, err.read_text()[-3000:]
+    assert _processes_with(marker) == []  # no JVM, no Python worker of the run outlives it
+    # A JVM's start and a Delta write cost several CPU seconds; the CLI's Python alone about one.
+    assert usage.ru_utime + usage.ru_stime > 3.0, usage
 
 
 @pytest.mark.spark

@@ -27,6 +27,7 @@ from materializer.spark.jvm import (
     MIN_JAVA,
     QUIET_LOG4J2,
     check_java,
+    end_jvm,
     java_command,
     java_major_version,
     quiet_log4j_file,
@@ -59,7 +60,7 @@ __all__ = [
     "BASE_CONF", "DEFAULT_SPARK_VERSION", "DELTA_FOR_SPARK", "DELTA_PACKAGE", "DELTA_VERSION", "HADOOP_AWS_PACKAGE",
     "HADOOP_AWS_VERSION", "KAFKA_PACKAGE", "KAFKA_TOKEN_PROVIDER", "MIN_JAVA", "QUIET_LOG4J2",
     "S3A_CREDENTIALS_PROVIDERS", "SCALA_VERSION", "SPARK_VERSION", "active_session", "build_session", "check_java",
-    "config_session", "delta_package", "installed_spark_version", "is_connect", "isolated_session", "ivy_cache",
+    "config_session", "delta_package", "end_jvm", "installed_spark_version", "is_connect", "isolated_session", "ivy_cache",
     "java_command", "java_major_version", "quiet_log4j_file", "remote_session", "s3a_conf", "session_for",
     "session_jars", "start_jvm", "stop_session",
 ]
@@ -147,11 +148,14 @@ def _spark_env_script() -> bool:
 
 
 def stop_session(session: "SparkSession") -> None:
-    """Stop a session this process started (never a host's: Databricks, a notebook); quietly."""
+    """Stop a session this process started (never a host's: Databricks, a notebook), and the JVM
+    it ran on when we launched one (:func:`materializer.spark.jvm.end_jvm`); quietly."""
     try:
         session.stop()
     except Exception:  # noqa: BLE001 - a JVM already gone: nothing left to stop
         pass
+    if not is_connect(session):
+        end_jvm()
 
 
 def session_for(

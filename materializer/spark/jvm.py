@@ -184,6 +184,45 @@ def start_jvm(start: "Callable[[], SparkSession]", *, verbose: bool, env: dict[s
     return session
 
 
+def end_jvm(timeout: float = 30.0) -> bool:
+    """End the JVM this process launched, its session first if one still runs, and wait for it.
+
+    PySpark never waits for the JVM it launches: the JVM exits when our process ends and its stdin
+    closes, after our process is gone. So a command returned while its JVM was still shutting
+    down (Spark's shutdown hooks delete its scratch folders), and the JVM's CPU, most of a run's,
+    was not the command's to the operating system (``time``, ``wait4``): an orphan's CPU goes to
+    whoever reaps it. Closing its stdin is how PySpark's gateway server is told to exit
+    (``PythonGatewayServer`` reads it until EOF); waiting reaps it, with the Python workers it
+    started, and a later session in this process starts a JVM of its own. Call it only where the
+    JVM is ours (the CLI; :func:`materializer.spark.stop_session`), never in a host's process
+    (Databricks, a notebook). False when there was none or it did not exit in ``timeout`` seconds
+    (then it is left to exit by itself, as before).
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return False  # no JVM launched here (Spark Connect, or never started)
+    session = SparkSession._instantiatedSession
+    try:
+        if session is not None:
+            session.stop()
+        gateway.shutdown()
+    except Exception:  # noqa: BLE001 - a gateway already closed: the JVM is exiting anyway
+        pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return True
+
+
 def _restore(saved_out: int, saved_err: int, saved_env: dict[str, str | None], write_end: int) -> None:
     os.dup2(saved_out, 1)
     os.dup2(saved_err, 2)

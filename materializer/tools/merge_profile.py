@@ -40,10 +40,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
 
-    from materializer.spark import build_session
+    from materializer.spark import active_session, build_session, stop_session
 
     from materializer.tools.bench.measurement import cpu_seconds
 
+    ours = active_session() is None  # else a host's (a test's), left running
     spark = build_session(args.master, {"spark.ui.enabled": "false"}, app_name="merge-profile")
 
     def jvm_cpu() -> float:
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         spark.conf.unset(MATERIALIZE_SOURCE)
         shutil.rmtree(root, ignore_errors=True)
+        if ours:  # and its JVM, so the process's CPU as the system counts it is all of it
+            stop_session(spark)
 
 
 if __name__ == "__main__":
