@@ -212,8 +212,8 @@ def end_jvm(timeout: float = 30.0) -> bool:
         gateway.shutdown()
     except Exception:  # noqa: BLE001 - a gateway already closed: the JVM is exiting anyway
         pass
-    SparkContext._gateway = None
-    SparkContext._jvm = None
+    SparkContext._gateway = None  # the next session launches a JVM of its own
+    SparkContext._jvm = None  # (SparkConf() would use the old one's handle)
     try:
         if proc.stdin is not None:
             proc.stdin.close()
