@@ -280,6 +280,10 @@ def test_bindings_bench_times_the_peer_floor_on_the_same_rows(spark: Any, tmp_pa
         peer = delta_rs_list(tmp_path / "peer-2-2" / f"t{index:03d}")
         assert ours and sorted(ours, key=lambda r: r["id"]) == sorted(peer, key=lambda r: r["id"])
     assert any(line.startswith("       1       peer") for line in summary_lines(report))
+    each = report["per_table"]
+    two, one = (next(r for r in report["runs"] if r["bindings"] == n and r["mode"] == "parallel") for n in (2, 1))
+    assert each["wall"] == round(two["epoch_wall"] - one["epoch_wall"], 3)
+    assert any(line.startswith("each binding beyond 1 (to 2):") for line in summary_lines(report))
 
 
 def test_the_job_counter_costs_the_same_however_many_jobs_ran(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:

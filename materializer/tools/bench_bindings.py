@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 GOAL_BINDINGS = 64
 GOAL_RATIO = 8.0
 """An epoch of GOAL_BINDINGS small bindings costs at most GOAL_RATIO times an epoch of one."""
+FLEET = 200
+"""The fleet the per-table figure is carried to: a database's tables, one binding each."""
 
 
 @dataclass
@@ -191,7 +193,7 @@ def run_bench_bindings(options: BindingsOptions, say: Callable[[str], None] = pr
                 say(f"{n} tables, peer ({threads} thread(s)): epoch {result['epoch_wall']:.1f} s wall, {result['epoch_cpu']:.1f} s CPU")
         if not options.keep_data:
             shutil.rmtree(root / f"src-{n}", ignore_errors=True)
-    report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in options.__dict__.items()}, "runs": runs, "goal": goal(runs)}
+    report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in options.__dict__.items()}, "runs": runs, "goal": goal(runs), "per_table": per_table(runs)}
     (root / "bindings-report.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -253,6 +255,23 @@ def goal(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"measured": True, "wall_ratio": wall, "cpu_ratio": cpu, "goal": GOAL_RATIO, "met": wall is not None and wall <= GOAL_RATIO}
 
 
+def per_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What each binding beyond the first adds to an epoch (ours, side by side; the fewest and the
+    most bindings measured), and an epoch of :data:`FLEET` tables carried on at that rate."""
+    ours = sorted((r for r in runs if r["mode"] == "parallel"), key=lambda r: r["bindings"])
+    if len(ours) < 2 or ours[0]["bindings"] == ours[-1]["bindings"]:
+        return {"measured": False}
+    few, many = ours[0], ours[-1]
+    added = many["bindings"] - few["bindings"]
+    wall = (many["epoch_wall"] - few["epoch_wall"]) / added
+    cpu = (many["epoch_cpu"] - few["epoch_cpu"]) / added
+    fleet = few["epoch_wall"] + wall * (FLEET - few["bindings"])
+    return {
+        "measured": True, "from": few["bindings"], "to": many["bindings"], "wall": round(wall, 3), "cpu": round(cpu, 3),
+        "fleet": FLEET, "fleet_epoch_wall": round(fleet, 1),
+    }
+
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"{'bindings':>8} {'mode':>10} {'par':>4} {'epoch wall s':>12} {'epoch CPU s':>11} {'jobs/run':>8}"]
     for r in report["runs"]:
@@ -267,6 +286,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"floor: the peer's epoch of {GOAL_BINDINGS} tables is x{peer_many[0]['epoch_wall'] / peer_one['epoch_wall']:.1f} its "
             f"epoch of 1 (wall, {peer_many[0]['parallel_bindings']} thread(s))"
+        )
+    each = report.get("per_table", {})
+    if each.get("measured"):
+        lines.append(
+            f"each binding beyond {each['from']} (to {each['to']}): {each['wall']:.2f} s wall, {each['cpu']:.2f} s CPU per epoch; "
+            f"an epoch of {each['fleet']} bindings at that rate: about {each['fleet_epoch_wall']:.0f} s"
         )
     if g.get("measured"):
         lines.append(
