@@ -295,6 +295,34 @@ def test_a_warm_start_prints_nothing_of_ivy_or_log4j_and_verbose_shows_them(pipe
     assert "WARNING: Using incubator modules" in verbose.stderr
 
 
+def test_end_jvm_closes_the_gateways_stdin_and_reaps_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What end_jvm does to PySpark's gateway, on a stand-in that, like PythonGatewayServer, exits
+    at the end of its stdin (`cat`): the gateway shut, its process reaped, PySpark's handles cleared."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from materializer.spark import end_jvm
+
+    class Gateway:
+        shut = False
+
+        def __init__(self) -> None:
+            self.proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+        def shutdown(self) -> None:
+            self.shut = True
+
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    assert end_jvm() is False  # no JVM launched here
+    gateway = Gateway()
+    monkeypatch.setattr(SparkContext, "_gateway", gateway)
+    monkeypatch.setattr(SparkContext, "_jvm", object())
+    assert end_jvm(timeout=10) is True
+    assert gateway.shut and gateway.proc.returncode == 0
+    assert SparkContext._gateway is None and SparkContext._jvm is None
+
+
 def _processes_with(marker: str) -> list[int]:
     """The processes whose environment holds ``marker`` (ours: /proc/PID/environ is readable)."""
     found = []

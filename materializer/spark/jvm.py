@@ -198,14 +198,17 @@ def end_jvm(timeout: float = 30.0) -> bool:
     (Databricks, a notebook). False when there was none or it did not exit in ``timeout`` seconds
     (then it is left to exit by itself, as before).
     """
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:  # a Connect-only client's pyspark (databricks-connect, pyspark-client): no JVM
+        return False
 
-    gateway = SparkContext._gateway
+    gateway = getattr(SparkContext, "_gateway", None)
     proc = getattr(gateway, "proc", None)
     if gateway is None or proc is None:
         return False  # no JVM launched here (Spark Connect, or never started)
-    session = SparkSession._instantiatedSession
+    session = getattr(SparkSession, "_instantiatedSession", None)
     try:
         if session is not None:
             session.stop()
