@@ -351,7 +351,8 @@ def test_a_command_ends_after_its_jvm_and_the_jvms_cpu_is_the_commands(pipeline:
             env=cli_env({key: value}), stdout=subprocess.DEVNULL, stderr=stderr,
         )
         _, status, usage = os.wait4(process.pid, 0)  # the CLI's rusage: it and every child it reaped
-    assert os.waitstatus_to_exitcode(status) == 0, err.read_text()[-3000:]
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    assert process.returncode == 0, err.read_text()[-3000:]
     assert _processes_with(marker) == []  # no JVM, no Python worker of the run outlives it
     # A JVM's start and a Delta write cost several CPU seconds; the CLI's Python alone about one.
     assert usage.ru_utime + usage.ru_stime > 3.0, usage
