@@ -261,51 +261,71 @@ def _compile(
             out.append([None if d is None or (v := d[index]) is UNSET else v for d in docs])
         return out
 
-    from operator import attrgetter
-
-    getters = [attrgetter(name) for name in top.__struct_fields__]
     strings = [index for index, inner in spec[1] if inner == "str" and index not in converters]
 
-    def whole(texts: list[Any]) -> "tuple[list[list[Any]], int, list[int] | None] | None":
-        """Every document of a batch decoded, as columns (one list per top-level field, ``_meta``
-        last; UNSET where absent; timestamps, dates and decimals as decoded, untyped), the ":"
-        they account for, and the indexes of the STRING columns whose ":" the caller adds (counted
-        by Arrow, as it adds the timestamps' and dates'; None: every ":" is counted already);
-        None when a document is not fast alone (the caller then decides per document). Each text
-        is decoded alone (one C call per document through ``map``, no Python frame), so no
-        document's values can come from another's text."""
+    suspect = SUSPECT_WITH_DOUBLES if doubles else SUSPECT
+    # Over a batch's texts joined by "\n": a suspect text, or a line that is not one object alone
+    # ("{" first and "}" last, JSON's whitespace aside; a text holding "\n" is two lines).
+    whole_pattern = "(?m)" + suspect + r"|^[ \t\r]*[^{ \t\r]|[^} \t\r][ \t\r]*$"
+    decode_lines = msgspec.json.Decoder(top).decode_lines
+
+    def whole(text: Any) -> "tuple[list[Any], int, list[int] | None, list[int]] | None":
+        """Every document of a batch (``text``, an Arrow string array) decoded, as columns (one
+        sequence per top-level field, ``_meta`` last; UNSET where absent; timestamps, dates and
+        decimals as decoded, untyped), the ":" they account for, the indexes of the STRING
+        columns whose ":" the caller adds (counted by Arrow, as it adds the timestamps' and
+        dates'; None: every ":" is counted already) and each column's count of UNSET; None when
+        a text is suspect or a document is not fast alone (the caller then decides per document).
+
+        The texts are decoded in one call, joined by "\n" (``decode_lines``), and each one's
+        values are its own: every line is one object (``{`` first and ``}`` last, but for JSON's
+        whitespace), so no value can span two lines (inside a value a ``}`` is followed by ``,``,
+        ``}`` or ``]``, never by a line's ``{``), each line holds at least one value, and as many
+        values as texts means one per text, each decoded as its text alone would be."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(text)
         try:
-            docs = list(map(decode, texts))
+            if text.type != pa.string():
+                text = text.cast(pa.string())
+            joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), text), "\n")
+        except pa.ArrowException:  # (a batch past 2 GiB of text)
+            return None
+        if joined.null_count or pc.any(pc.match_substring_regex(joined, whole_pattern)).as_py():
+            return None  # a NULL text, a suspect one, or a line that is not one object
+        try:
+            docs = decode_lines(joined[0].as_buffer())
         except errors:
             return None
-        n = len(docs)
-        cols = [list(map(get, docs)) for get in getters]
+        if len(docs) != n:
+            return None
+        cols: list[Any] = list(zip(*map(astuple, docs)))
+        unset = [col.count(UNSET) for col in cols]
         for index in top_doubles:
             col = cols[index]
             if 0.0 in col and any(v == 0.0 and copysign(1.0, v) < 0 for v in col if v is not UNSET and v is not None):
                 return None
         if not flat:
             if collect is not None:
-                import pyarrow as pa
-                import pyarrow.compute as pc
-
                 found = deep_values(docs)
                 if arrow_converted(list(found.values()), [(i, kind, False) for i, kind in enumerate(found)], pa, pc) is None:
                     return None
             # Nested values or names holding ":": the documents encoded again, at C speed.
-            return cols, encode(docs).count(b":"), None
+            return cols, encode(docs).count(b":"), None, unset
         # Top-level fields only: the keys kept are the fields set, the "_meta" key included.
-        kept = sum(n - col.count(UNSET) for col in cols)
-        for m in cols[meta]:
-            if m is not UNSET and m.op is not UNSET:
-                kept += 1 + (m.op.count(":") if m.op else 0)
+        kept = n * len(cols) - sum(unset)
+        if unset[meta] < n:
+            for m in filter(None, cols[meta]):  # a decoded _meta (UNSET is false)
+                if m.op is not UNSET:
+                    kept += 1 + (m.op.count(":") if m.op else 0)
         # (The timestamps', dates' and decimals' columns are typed, and the ":" in the first two
         # counted, by the caller: document_values.arrow_converted, in Arrow.)
-        return cols, kept, strings
+        return cols, kept, strings, unset
 
     if not scalar_keys[0] or any(k not in [f["name"] for f in schema["fields"]] for k in keys):
         return (lambda text, colons: None), SUSPECT, columns, None
-    return fast, (SUSPECT_WITH_DOUBLES if doubles else SUSPECT), columns, whole
+    return fast, suspect, columns, whole
 
 
 PYTHON_TYPES = {"long": "int64", "integer": "int32", "short": "int16", "byte": "int8", "double": "float64", "boolean": "bool_", "string": "string"}
@@ -358,10 +378,11 @@ def check_batches(
     (:data:`OP_COLUMN`) and those fields (``__p<i>`` for the ``i``-th, NULL for the others). Unless ``keep_text``, a fast document's text is
     dropped (NULL) on the way back: nothing after this function reads it.
 
-    A batch is first tried whole (``whole_batches``): every text decoded, the columns taken from
-    the decoded values at C speed, and the ":" counted over the batch (with nested values, over
-    the documents encoded again); when every document is fast (the usual batch) that is the
-    answer, else each document is judged alone. Both give the same batch (a test holds them to
+    A batch is first tried whole (``whole_batches``): its texts joined by line breaks, matched
+    once against the suspect pattern and decoded in one call (each line proven one object of its
+    own text), the columns taken from the decoded values at C speed, and the ":" counted over the
+    batch (with nested values, over the documents encoded again); when every document is fast
+    (the usual batch) that is the answer, else each document is judged alone. Both give the same batch (a test holds them to
     it). The cyclic garbage collector is off while a batch is judged."""
     key = (schema_json, tuple(keys), tuple(hidden))
 
@@ -386,22 +407,22 @@ def check_batches(
             text = batch.column(0)
             if text.type not in (pa.string(), pa.large_string()):
                 text = text.cast(pa.string())
-            # Per batch, in Arrow's C++: whether each text is suspect. A NULL line (none from
-            # spark.read.text) is not fast: its suspect is filled true.
-            suspected = pc.fill_null(pc.match_substring_regex(text, suspect), True)
-            if whole_batches and whole is not None and typed is not None and len(text) and not pc.any(suspected).as_py():
-                found = whole(text.to_pylist())
+            if whole_batches and whole is not None and typed is not None and len(text):
+                found = whole(text)
                 if found is not None:
-                    cols, kept, strings = found
-                    arrays = {i: pa.array(unset_as_none(cols[i]), pa.string()) for i in strings or ()}
+                    cols, kept, strings, unset = found
+                    arrays = {i: pa.array(unset_as_none(cols[i], unset[i]), pa.string()) for i in strings or ()}
                     kept += sum(pc.sum(pc.count_substring(arrays[i], ":")).as_py() or 0 for i in strings or ())
                     typed_here = arrow_converted(cols, conversions, pa, pc) if conversions else ({}, 0)
                     if typed_here is not None and kept + (typed_here[1] if strings is not None else 0) == _colons(text, pa):
                         arrays.update(typed_here[0])
                         # Every document is fast: a text holds at least the ":" its decoded value
                         # accounts for, so equal sums mean equal counts, document by document.
-                        return _whole_batch(batch, cols, arrays, typed, types, positions, keep_text, pa, pc)
-            # Judged document by document: each text's ":" count, in Arrow's C++.
+                        return _whole_batch(batch, cols, unset, arrays, typed, types, positions, keep_text, pa, pc)
+            # Judged document by document: whether each text is suspect and its ":" count, in
+            # Arrow's C++. A NULL line (none from spark.read.text) is not fast: its suspect is
+            # filled true.
+            suspected = pc.fill_null(pc.match_substring_regex(text, suspect), True)
             colons = pc.count_substring(text, ":").to_pylist()
             suspects = suspected.to_pylist()
             width = "q" if text.type == pa.large_string() else "i"
@@ -458,16 +479,23 @@ def _top_names(schema_json: str, hidden: "tuple[str, ...] | list[str]") -> list[
     return [f["name"] for f in json.loads(schema_json)["fields"] if f["name"] not in hidden]
 
 
-def _whole_batch(batch: Any, cols: list[list[Any]], arrays: dict[int, Any], typed: list[str], types: list[Any], positions: dict[str, int], keep_text: bool, pa: Any, pc: Any) -> Any:
-    """The output of :func:`check_batches` for a batch whose documents are all fast."""
-    from msgspec import UNSET
+def _whole_batch(
+    batch: Any, cols: list[Any], unset: list[int], arrays: dict[int, Any], typed: list[str], types: list[Any], positions: dict[str, int], keep_text: bool, pa: Any, pc: Any
+) -> Any:
+    """The output of :func:`check_batches` for a batch whose documents are all fast (``unset``:
+    each column's count of UNSET)."""
+    from itertools import compress
 
     n = batch.num_rows
     metas = cols[-1]
-    if metas.count(UNSET) == n:
-        ops = pa.array(["u"] * n, pa.string())
-    else:
-        ops = pa.array(["d" if m is not UNSET and m.op == "d" else "u" for m in metas], pa.string())
+    deleted = bytearray(n)
+    if unset[-1] < n:
+        # The documents with a _meta (UNSET is false, a decoded _meta true), found at C speed.
+        for index in compress(range(n), metas):
+            if metas[index].op == "d":
+                deleted[index] = 1
+    flags = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(deleted)])
+    ops = pc.if_else(pc.not_equal(flags, 0), pa.scalar("d", pa.string()), pa.scalar("u", pa.string()))
     out = [*batch.columns, pc.is_valid(batch.column(0)), ops]
     names = [*batch.schema.names, OK, OP_COLUMN]
     for index, (name, sent_as) in enumerate(zip(typed, types)):
@@ -475,7 +503,7 @@ def _whole_batch(batch: Any, cols: list[list[Any]], arrays: dict[int, Any], type
         if position in arrays and arrays[position].type == sent_as:
             out.append(arrays[position])
         else:
-            out.append(pa.array(unset_as_none(cols[position]), sent_as))
+            out.append(pa.array(unset_as_none(cols[position], unset[position]), sent_as))
         names.append(f"{TYPED_PREFIX}{index}")
     if not keep_text:
         out[0] = pa.nulls(n, batch.column(0).type)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 __all__ = [
     "CONVERSION_ERRORS", "CONVERTERS", "DATE_TEXT", "PLAIN_NUMBER", "TIMESTAMP_TEXT", "arrow_converted", "collector", "converted",
@@ -153,10 +153,14 @@ CONVERSION_ERRORS = (ValueError, OverflowError, ArithmeticError)
 """What a conversion raises for a value that is not fast."""
 
 
-def unset_as_none(values: list[Any]) -> list[Any]:
+def unset_as_none(values: "Sequence[Any]", count: "int | None" = None) -> "Sequence[Any]":
+    """``values`` with msgspec's UNSET (a field left out) as None; ``count``: how many UNSET it
+    holds, when the caller counted them already."""
     from msgspec import UNSET
 
-    return values if UNSET not in values else [None if v is UNSET else v for v in values]
+    if count == 0 or (count is None and UNSET not in values):
+        return values
+    return [None if v is UNSET else v for v in values]
 
 
 def collector(spec: Any, astuple: Any, unset: Any) -> "Callable[[Any, dict[str, list[Any]]], None] | None":
