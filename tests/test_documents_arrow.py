@@ -69,12 +69,27 @@ def _run(spark: Any, tmp_path: Path, validator: str, src: Any = None) -> tuple[s
         ('{"id": 1, "_meta": null}', "'_meta' is null"),
         ('{"id": 1, "_op": "u"}', "field '_op' is reserved"),
         ('\ufeff{"id": 2}', "the line starts with a byte order mark (U+FEFF"),
+        # A form feed or vertical tab is not JSON's whitespace: text after the value, flat or not.
+        ('{"id": 2}\f', "more than one JSON value, or text after the document's value"),
+        ('{"id": 2, "tags": [1]}\u000b', "more than one JSON value, or text after the document's value"),
     ],
 )
 def test_the_arrow_validator_refuses_with_the_variant_routes_text(spark: Any, tmp_path: Path, line: str, message: str) -> None:
     write(tmp_path / "src" / "a.jsonl", ['{"id": 1, "amount": 2}', line, '{"id": 3}'])
     arrow = _run(spark, tmp_path, "arrow")
     assert arrow[0] == "refused" and f"{tmp_path / 'src' / 'a.jsonl'}:2: {message}" in arrow[1]
+    assert arrow == _run(spark, tmp_path, "variant")
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xed\xa0\x80", b"\xc3", b"\xe2\x82"])
+def test_a_line_that_is_not_utf8_is_refused_not_landed_with_replacement_characters(spark: Any, tmp_path: Path, bad: bytes) -> None:
+    """Spark reads a line's bytes as they are and its JSON parser turns bytes that are not UTF-8
+    into U+FFFD: such a document would land with its text changed. Both routes refuse it."""
+    path = tmp_path / "src" / "a.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b'{"id": 1, "amount": 2}\n{"id": 2, "note": "caf' + bad + b'"}\n{"id": 3}\n')
+    arrow = _run(spark, tmp_path, "arrow")
+    assert arrow[0] == "refused" and f"{path}:2: the line is not valid UTF-8" in arrow[1], arrow
     assert arrow == _run(spark, tmp_path, "variant")
 
 

@@ -45,6 +45,13 @@ def problem_column(
 
     rules: list[tuple[Column, Column | str]] = [
         (
+            # Spark reads a line's bytes as they are and its parser turns bytes that are not
+            # UTF-8 into U+FFFD: the document would land with its text changed, without a word.
+            ~F.is_valid_utf8(value),
+            "the line is not valid UTF-8 (JSON text must be UTF-8); Spark would read its bad bytes as U+FFFD and "
+            "change the text: re-encode the file (or the record) as UTF-8",
+        ),
+        (
             # What some Windows editors write at the start of a UTF-8 file: no JSON parser reads a
             # line that starts with it, and "not valid JSON" would point at a line that looks fine.
             v.isNull() & value.startswith(BOM),

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-FLAT_OBJECT = r"^\s*\{[^{}\[\]]*\}\s*$"
-"""A line that is one object with no nested object or array (and no brace or bracket in its
-strings): its only ``}`` is its last character, so no text can follow its value."""
+FLAT_OBJECT = r"^[ \t\r\n]*\{[^{}\[\]]*\}[ \t\r\n]*$"
+r"""A line that is one object with no nested object or array (and no brace or bracket in its
+strings): its only ``}`` is its last character, so no text can follow its value. Around it JSON's
+whitespace only (space, tab, CR, LF: a regex's ``\s`` would let a form feed or vertical tab
+after the value pass)."""
 
 END_MARKER = "__materializer_end_of_value_5c19d2e7__"
 
