@@ -357,3 +357,35 @@ def test_an_epoch_the_validator_finds_all_fast_is_staged_in_one_job_and_the_othe
     dead = _dead(spark, Path(str(table) + "_dead_letters"))
     assert [(e, f, line) for _b, e, f, line, _r, _d in dead] == [(2, "b.jsonl", 2)]
     assert "field 'n' holds \"seven\", which is not a valid INT" in dead[0][4]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("on_invalid", ["dead_letter", "fail"])
+def test_an_epoch_of_more_shapes_than_the_driver_collects_still_refuses_its_documents_one_by_one(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_invalid: str
+) -> None:
+    """A held-out run: 12,000 good documents of as many shapes (a STRING field holding objects of
+    their own keys) and one with an undeclared field stopped the whole run in dead-letter mode,
+    because the shapes the driver collects to judge are capped. Past the cap each document's shape
+    is judged on the executors: the bad one is a dead letter at its line (``fail`` names it), the
+    good ones land. The cap is lowered here so the epoch needs only a few dozen lines."""
+    from materializer.sources import document_refusals
+
+    monkeypatch.setattr(document_refusals, "MAX_REFUSED_SHAPES", 5)
+    lines = ['{"id": %d, "v": {"f%d": 1}}' % (i, i) for i in range(1, 31)]
+    lines.insert(12, '{"id": 99, "zz": 1}')  # line 13
+    lines.insert(20, '{"id": 98, "v": "x", "s": 1}')  # line 21
+    _source(tmp_path / "src", lines=lines)
+    table = tmp_path / "tables" / "items"
+    config = config_with(tmp_path, [binding("items", tmp_path / "src", table, schema="id BIGINT, v STRING", on_invalid=on_invalid)])
+    if on_invalid == "fail":
+        with pytest.raises(SourceError, match=r"a.jsonl:13: field 'zz' is not in the binding's source.schema") as refused:
+            Runtime(config, spark).run()
+        assert "a.jsonl:21" in str(refused.value)
+        return
+    Runtime(config, spark).run()
+    rows = table_rows(spark, table, ["id"])
+    assert sorted(rows) == [(i,) for i in range(1, 31)] and rows[(7,)] == {"id": 7, "v": '{"f7":1}'}
+    dead = _dead(spark, Path(str(table) + "_dead_letters"))
+    assert [(f, line) for _b, _e, f, line, _r, _d in dead] == [("a.jsonl", 13), ("a.jsonl", 21)]
+    assert "field 'zz' is not in" in dead[0][4] and "field 's' is not in" in dead[1][4]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from materializer.columns import SEQ
 from materializer.sources.document_schema import kinds_of, misfit
-from materializer.sources.document_shapes import conflict, merge_shapes, shape_problems
+from materializer.sources.document_shapes import against_declared, conflict, merge_shapes, shape_problems
 from materializer.sources.variant_shape import Shape, parse_shape
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ def rereading(uri: str, small: bool) -> None:
 
 class ShapeJudge(Protocol):
     declared: "StructType | None"
+    shapes_judged_alone: bool
 
     def single_problems(self, shape: Shape) -> list[str]: ...
 
@@ -80,7 +81,9 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> tuple[
     files = "files" in row.asDict() and "file" in checked.schema[SEQ].dataType.fieldNames()
     tallied = _good_shapes(checked, tallied=True, files=files)
     if tallied is None:
-        return {}, None  # the epoch is refused as a whole, naming its first such document
+        # More distinct shapes than the driver collects: each document's is judged where it is.
+        reader.shapes_judged_alone = True
+        return {}, None
     shapes = [item["shape"] for item in tallied]
     problems = {name: found for name in shapes if (found := reader.single_problems(parse_shape(name)))}
     if not problems:
@@ -107,6 +110,47 @@ def refused_shapes(reader: ShapeJudge, checked: "DataFrame", row: Any) -> tuple[
     if files:
         tallies["files"] = sorted(set(tallies["files"] or []).union(*(item["files"] for item in refused)))
     return worded, tallies
+
+
+def shape_judge(declared: "StructType") -> Any:
+    """A Python UDF of a document's shape (``schema_of_variant``) and its text: what in the shape
+    does not fit ``declared`` alone, worded from the text as :func:`why` words it (NULL: it
+    fits). For an epoch of more distinct shapes than :data:`MAX_REFUSED_SHAPES`, where the driver
+    cannot collect them to judge each once: the executors judge each document's, a shape once per
+    Python worker. Error path only: an epoch whose merged shape fits never runs it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema_json = declared.json()
+
+    def judge(shape: "str | None", text: "str | None") -> "str | None":
+        return judged_shape(schema_json, shape, text)
+
+    return F.udf(judge, T.StringType())
+
+
+_judged: dict[tuple[str, str], list[str]] = {}
+_schemas: dict[str, Any] = {}
+
+
+def judged_shape(schema_json: str, shape: "str | None", text: "str | None") -> "str | None":
+    """:func:`shape_judge`'s verdict on one document (its shape's problems kept per process, at
+    most 100,000 shapes)."""
+    if shape is None:
+        return None
+    problems = _judged.get((schema_json, shape))
+    declared = _schemas.get(schema_json)
+    if declared is None:
+        from pyspark.sql import types as T
+
+        declared = _schemas[schema_json] = T.StructType.fromJson(json.loads(schema_json))
+    if problems is None:
+        if len(_judged) >= 100_000:
+            _judged.clear()
+        problems = _judged[(schema_json, shape)] = against_declared(parse_shape(shape), declared)
+    if not problems:
+        return None
+    return why(text, problems, declared) if text is not None else problems[0]
 
 
 def each_fits_alone(reader: ShapeJudge, checked: "DataFrame") -> bool:

@@ -62,6 +62,13 @@ def shape_problems(shape: Shape, path: str = "") -> list[str]:
     return problems
 
 
+def against_declared(shape: Shape, declared: Any) -> list[str]:
+    """What does not fit the declared schema (``source.schema``) in a document's or an epoch's
+    ``shape``, and what no table can take (a STRING column takes values of any kind, so mixed
+    kinds are the declaration's to judge)."""
+    return declared_problems(shape, declared) + [p for p in shape_problems(shape) if "different JSON kinds" not in p]
+
+
 def declared_problems(shape: Shape, dtype: Any, path: str = "") -> list[str]:
     """How a shape does not fit a declared Spark type (``source.schema``)."""
     from pyspark.sql import types as T

@@ -39,11 +39,12 @@ from materializer import sqltypes
 from materializer.errors import SourceError
 from materializer.dead_letters import split
 from materializer.columns import OP, SEQ
-from materializer.sources.document_refusals import LINE_SHOWN, dead_letter_rows, each_fits_alone, first_misfit, refused_shapes, rereading, why
+from materializer.sources.document_refusals import LINE_SHOWN, dead_letter_rows, each_fits_alone, first_misfit, refused_shapes, rereading, shape_judge, why
 from materializer.sources.document_rules import EXACT_DIGITS, problem_column
 from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
 from materializer.sources.document_shapes import (
     DELTA_INVALID,
+    against_declared,
     declared_problems,
     inferred_type,
     shape_problems,
@@ -136,6 +137,11 @@ class DocumentReader:
         """With a declared schema: the document shapes (``schema_of_variant``)
         that do not fit the schema alone (an undeclared field, a kind the declared type cannot take,
         at any depth), each with its problem: :meth:`problem` refuses their documents one by one."""
+        self.shapes_judged_alone = False
+        """With a declared schema, an epoch of more distinct shapes than the driver collects
+        (:data:`document_refusals.MAX_REFUSED_SHAPES`): each document's shape is judged on the
+        executors instead (:func:`document_refusals.shape_judge`), and :meth:`problem` refuses the
+        ones that do not fit."""
         """Documents the ``arrow`` validator found fast, once its staging job has run."""
         self.typed_by_python: dict[str, str] = {}
         """With the ``arrow`` validator: the declared fields it types itself, and their columns."""
@@ -266,10 +272,13 @@ class DocumentReader:
         column = self._built(
             "problem", lean, lambda: problem_column(self.keys, self.hidden, self.sequence_by, self.declared, lean)
         )
-        if lean or not self.shape_refusals:
+        if lean or not (self.shape_refusals or self.shapes_judged_alone):
             return column
         from pyspark.sql import functions as F
 
+        if self.shapes_judged_alone:
+            assert self.declared is not None
+            return F.coalesce(column, shape_judge(self.declared)(F.schema_of_variant(F.col("__v")), F.col("value")))
         by_shape = F.create_map(*[F.lit(x) for item in sorted(self.shape_refusals.items()) for x in item])
         return F.coalesce(column, by_shape[F.schema_of_variant(F.col("__v"))])
 
@@ -310,7 +319,7 @@ class DocumentReader:
             # letter like the others (docs: 'Dead letters'), and fail's error names the first bad
             # lines in order and counts them all.
             self.shape_refusals, tallies = refused_shapes(self, checked, row)
-            if self.shape_refusals:
+            if self.shape_refusals or self.shapes_judged_alone:
                 checked = self.checked(parsed)
                 # As checking again counts them, from the shapes' job (sequence_by types its
                 # fields by the merged shape of what is left: checked again).
@@ -334,7 +343,7 @@ class DocumentReader:
         shape = parse_shape(row["shape"])
         self.shape = shape
         problems = self.single_problems(shape)
-        if problems and not (self.declared is not None and each_fits_alone(self, checked)):
+        if problems and not (self.declared is not None and (self.shapes_judged_alone or each_fits_alone(self, checked))):
             raise self._shape_error(checked, problems)
         schema = self.declared if self.declared is not None else inferred_type(shape)
         return int(row["n"]), schema  # type: ignore[return-value]
@@ -389,10 +398,9 @@ class DocumentReader:
     def single_problems(self, shape: Shape) -> list[str]:
         """What no table can take in ``shape``; with a declared schema, also what does not fit it
         (a STRING column takes values of any kind, so mixed kinds are the declaration's to judge)."""
-        problems = shape_problems(shape)
         if self.declared is not None:
-            problems = declared_problems(shape, self.declared) + [p for p in problems if "different JSON kinds" not in p]
-        return problems
+            return against_declared(shape, self.declared)
+        return shape_problems(shape)
 
     def _shape_error(self, checked: "DataFrame", problems: list[str]) -> SourceError:
         """The error naming the first document behind a problem of the epoch's merged shape."""
