@@ -211,8 +211,8 @@ class DeltaWriter(TableWrites):
 
     @contextmanager
     def transaction(self, props: CommitProperties, *, rewrite_files: bool = False, interpreted: bool = False) -> Iterator[None]:
-        """Within the block, the apply session's Delta commits carry ``props``; with
-        ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors;
+        """Within the block, the apply session's Delta commits carry ``props`` and write as
+        :data:`materializer.spark.settings.TABLE_WRITES` says; with ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors;
         ``interpreted``, its queries run as :data:`materializer.spark.settings.INTERPRETED` says."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
@@ -228,7 +228,9 @@ class DeltaWriter(TableWrites):
             # How the commit's queries run, not what they write (a compute that refuses these
             # confs keeps Delta's and Spark's defaults, same rows).
             ways = {MERGE_DELETION_VECTORS: "false"} if rewrite_files else {}
-            with spark_settings.session_confs(self.apply_spark, {**ways, **(spark_settings.INTERPRETED if interpreted else {})}):
+            with spark_settings.session_confs(
+                self.apply_spark, {**spark_settings.TABLE_WRITES, **ways, **(spark_settings.INTERPRETED if interpreted else {})}
+            ):
                 yield
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
