@@ -277,7 +277,7 @@ def _compile(
         dates'; None: every ":" is counted already) and each column's count of UNSET; None when
         a text is suspect or a document is not fast alone (the caller then decides per document).
 
-        The texts are decoded in one call, joined by "\n" (``decode_lines``), and each one's
+        The texts are decoded in one call, joined by line breaks (``decode_lines``), and each one's
         values are its own: every line is one object (``{`` first and ``}`` last, but for JSON's
         whitespace), so no value can span two lines (inside a value a ``}`` is followed by ``,``,
         ``}`` or ``]``, never by a line's ``{``), each line holds at least one value, and as many

@@ -131,6 +131,7 @@ class DocumentReader:
         """How :meth:`deferred` checks: ``variant`` (Spark expressions) or ``arrow``
         (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
+        """Documents the ``arrow`` validator found fast, once its staging job has run."""
         self.small = True
         """Whether the epoch is small (``SourceBatch.small``): a bigger one's error path says it reads again."""
         self.shape_refusals: dict[str, str] = {}
@@ -142,7 +143,6 @@ class DocumentReader:
         (:data:`document_refusals.MAX_REFUSED_SHAPES`): each document's shape is judged on the
         executors instead (:func:`document_refusals.shape_judge`), and :meth:`problem` refuses the
         ones that do not fit."""
-        """Documents the ``arrow`` validator found fast, once its staging job has run."""
         self.typed_by_python: dict[str, str] = {}
         """With the ``arrow`` validator: the declared fields it types itself, and their columns."""
 
