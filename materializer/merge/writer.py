@@ -211,9 +211,10 @@ class DeltaWriter(TableWrites):
 
     @contextmanager
     def transaction(self, props: CommitProperties, *, rewrite_files: bool = False, interpreted: bool = False) -> Iterator[None]:
-        """Within the block, the apply session's Delta commits carry ``props`` and write as
-        :data:`materializer.spark.settings.TABLE_WRITES` says; with ``rewrite_files`` a MERGE rewrites the files it touches instead of writing deletion vectors;
-        ``interpreted``, its queries run as :data:`materializer.spark.settings.INTERPRETED` says."""
+        """Within the block, the apply session's Delta commits carry ``props`` and write their
+        files as :data:`materializer.spark.settings.TABLE_WRITES` says; with ``rewrite_files`` a
+        MERGE rewrites the files it touches instead of writing deletion vectors; ``interpreted``,
+        its queries run as :data:`materializer.spark.settings.INTERPRETED` says."""
         # The txn confs are session-wide: set them on the apply session, around this one commit only.
         conf = self.apply_spark.conf
         conf.set(TXN_APP_ID, props.txn_app_id)
@@ -225,8 +226,8 @@ class DeltaWriter(TableWrites):
         # did, on Spark Connect too (``interruptTag`` stops it).
         self.apply_spark.addTag(self.apply_tag)
         try:
-            # How the commit's queries run, not what they write (a compute that refuses these
-            # confs keeps Delta's and Spark's defaults, same rows).
+            # How the commit's queries run and encode its files, never which rows it writes (a
+            # compute that refuses these confs keeps Delta's and Spark's defaults, same rows).
             ways = {MERGE_DELETION_VECTORS: "false"} if rewrite_files else {}
             with spark_settings.session_confs(
                 self.apply_spark, {**spark_settings.TABLE_WRITES, **ways, **(spark_settings.INTERPRETED if interpreted else {})}

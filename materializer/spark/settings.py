@@ -10,6 +10,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+TABLE_WRITES = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+"""How a table's data files are written, set around each of our commits (on a session we are
+handed too) and carried by the sessions we build: a ``TIMESTAMP`` as INT64 microseconds, Delta's
+own type, where Spark's default is INT96, which delta-rs and Arrow read as nanoseconds (a value
+before 1677 or after 2262 came back wrong, without a word)."""
+
+
 # Settings every session we build carries. Schema auto-merge lets a MERGE add columns that new
 # documents bring; the txn confs are set per apply by the driver, never here.
 BASE_CONF = {
@@ -34,16 +41,9 @@ BASE_CONF = {
     # py4j calls (docs, Performance). Its only use is naming a user's Python line in an analysis
     # error, and our plans are ours; a config's spark.conf may turn it back on.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
-    # A TIMESTAMP as INT64 microseconds in the tables' files, not Spark's INT96 (TABLE_WRITES).
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # A TIMESTAMP as INT64 microseconds in the tables' files, not Spark's INT96.
+    **TABLE_WRITES,
 }
-
-
-TABLE_WRITES = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-"""How a table's data files are written, set around each of our commits (on a session we are
-handed too) and carried by the sessions we build: a ``TIMESTAMP`` as INT64 microseconds, Delta's
-own type, where Spark's default is INT96, which delta-rs and Arrow read as nanoseconds (a value
-before 1677 or after 2262 came back wrong, without a word)."""
 
 
 ARROW_BATCHES_BY_RECORDS = {"spark.sql.execution.arrow.maxBytesPerBatch": "2147483647"}
