@@ -76,7 +76,7 @@ def resolve_position(config: PipelineConfig, binding: str, position: str | None)
             f"--from {position!r}: binding {binding} reads a {source.format} source; give its position as JSON, "
             "as the recovery log records it (`materializer status --json`)"
         )
-    from materializer.sources.documents import DocumentsSource
+    from materializer.sources.documents.source import DocumentsSource
 
     _store, files, _legacy = DocumentsSource(config.binding(binding), open_store(config.staging_root)).listing()
     names = sorted(f.path for f in files)

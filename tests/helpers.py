@@ -326,7 +326,7 @@ def record_document_paths(monkeypatch: Any) -> list[str]:
     """The documents reader's path per epoch, in order: ``"staging job"`` (its checks ride along with
     the staging job: ``DocumentReader.deferred``) or ``"check job"`` (a job of their own first:
     ``DocumentReader.check``), for files and Kafka alike."""
-    from materializer.sources.json_documents import DocumentReader
+    from materializer.sources.documents.reader import DocumentReader
 
     paths: list[str] = []
     deferred, check = DocumentReader.deferred, DocumentReader.check
@@ -338,7 +338,7 @@ def record_document_paths(monkeypatch: Any) -> list[str]:
 def record_set_asides(monkeypatch: Any) -> list[bool]:
     """Per dead-letter epoch the arrow validator judged (``document_route.set_aside``), in order:
     whether it set any document aside (files and Kafka alike)."""
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
 
     set_aside, asides = document_route.set_aside, []
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from materializer import crash
 from materializer.errors import SourceError
-from materializer.sources.cdcv2 import Origin, Progress, parse_progress, plan_epoch, track
+from materializer.sources.cdcv2.source import Origin, Progress, parse_progress, plan_epoch, track
 from tests.helpers import REPO, InProcessCrash, binding, table_rows, write_config
 
 Update = tuple[dict[str, Any], int, int]

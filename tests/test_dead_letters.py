@@ -126,7 +126,7 @@ def test_bad_documents_anywhere_in_split_files_are_dead_letters_with_their_lines
     import json
     import random
 
-    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.documents.route import VALIDATOR_CONF
     from tests.helpers import delta_rs_rows, record_set_asides
 
     asides = record_set_asides(monkeypatch)
@@ -336,7 +336,7 @@ def test_an_epoch_the_validator_finds_all_fast_is_staged_in_one_job_and_the_othe
     as ``fail``'s epochs are, instead of a check job of its own first; an epoch with a bad
     document, or a valid one the validator leaves to the VARIANT route, keeps the dead letters'
     path. The tables and dead letters are the same (read by Spark and delta-rs)."""
-    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.documents.route import VALIDATOR_CONF
     from tests.helpers import delta_rs_rows, record_document_paths
 
     paths = record_document_paths(monkeypatch)
@@ -369,7 +369,7 @@ def test_an_epoch_of_more_shapes_than_the_driver_collects_still_refuses_its_docu
     because the shapes the driver collects to judge are capped. Past the cap each document's shape
     is judged on the executors: the bad one is a dead letter at its line (``fail`` names it), the
     good ones land. The cap is lowered here so the epoch needs only a few dozen lines."""
-    from materializer.sources import document_refusals
+    from materializer.sources.documents import refusals as document_refusals
 
     monkeypatch.setattr(document_refusals, "MAX_REFUSED_SHAPES", 5)
     lines = ['{"id": %d, "v": {"f%d": 1}}' % (i, i) for i in range(1, 31)]

@@ -12,7 +12,7 @@ from msgspec import UNSET
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from materializer.sources.document_check import OK, _compile, check_batches, python_typed
+from materializer.sources.documents.check import OK, _compile, check_batches, python_typed
 from tests.test_documents_arrow import FLAT_FIELDS, documents
 
 SCHEMA = json.dumps({
@@ -131,7 +131,7 @@ def test_the_colons_of_a_batch_are_counted_over_the_bytes_its_texts_span() -> No
     documents account for: it must count only this batch's texts, wherever the array starts in
     its buffers (a slice of a larger array, as Arrow hands batches over) and for either offset
     width."""
-    from materializer.sources.document_check import _colons
+    from materializer.sources.documents.check import _colons
 
     texts = ['{"id":1}', '{"id":2,"note":"a:b"}', "", '{"id":3,"d":1.5}', '{"x::":":"}']
     for kind in (pa.string(), pa.large_string()):
@@ -159,7 +159,7 @@ def test_the_validator_is_chosen_for_the_schemas_whose_documents_it_can_find_fas
     """fast_schema (the default validator's choice) agrees with the validator itself: a document
     holding a value of a type it rejects is never fast (the arrow route would be a pass for
     nothing), and one of a schema it accepts, at any depth, is."""
-    from materializer.sources.document_route import fast_schema
+    from materializer.sources.documents.route import fast_schema
 
     nested = {"type": "struct", "fields": [{"name": "n", "type": "integer", "nullable": True, "metadata": {}}]}
     array = {"type": "array", "elementType": nested, "containsNull": True}
@@ -316,7 +316,7 @@ def test_the_set_aside_pass_keeps_exactly_the_documents_not_fast_as_they_came() 
     """not_fast_only (document_route.set_aside's function) yields, per batch, the rows whose
     document the validator does not find fast, every column as it came (the judged text first,
     left out when ``skip`` says so), and nothing for a batch of fast ones or an empty one."""
-    from materializer.sources.document_route import not_fast_only
+    from materializer.sources.documents.route import not_fast_only
 
     good, bad = ['{"id": 1, "note": "a"}', '{"id": 2}'], ['{"id": 3}', '{"id": "three"}', '{"id": 4, "id": 5}']
 

@@ -11,8 +11,8 @@ import pytest
 
 from materializer.config import BindingConfig
 from materializer.errors import ConfigError, SourceError
-from materializer.sources.documents import DocumentsSource, is_document_file, plan_epoch
-from materializer.sources.json_documents import parse_shape, shape_problems
+from materializer.sources.documents.source import DocumentsSource, is_document_file, plan_epoch
+from materializer.sources.documents.reader import parse_shape, shape_problems
 from materializer.storage import FileInfo
 from materializer.storage.local import LocalStore
 
@@ -117,7 +117,7 @@ def test_a_fraction_where_a_whole_number_is_declared_is_worded_as_such() -> None
     """It read "field 'm[]' is a number but source.schema declares a number"."""
     from pyspark.sql import types as T
 
-    from materializer.sources.document_schema import kinds_of, misfit
+    from materializer.sources.documents.schema import kinds_of, misfit
 
     kinds = kinds_of(T.StructType([T.StructField("m", T.MapType(T.StringType(), T.IntegerType())), T.StructField("n", T.LongType())]))
     assert misfit({"m": {"a": 1.5}}, kinds, "").startswith("field 'm[]' is a number with a fraction but source.schema declares a whole number")
@@ -495,7 +495,7 @@ def test_typed_from_text_equals_the_variant_cast(spark: Any, ddl: str) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from materializer.sources.document_types import typed
+    from materializer.sources.documents.types import typed
 
     generator = random.Random(12)
     decimals = []

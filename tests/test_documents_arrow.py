@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from materializer.errors import SourceError
-from materializer.sources.document_route import VALIDATOR_CONF
+from materializer.sources.documents.route import VALIDATOR_CONF
 from tests.test_documents import declared, write
 from tests.test_documents_one_pass import staged_then_verified
 
@@ -111,7 +111,7 @@ def test_fast_documents_are_typed_by_from_json_and_the_others_by_the_variant_rou
 
 @pytest.mark.slow
 def test_an_executor_without_msgspec_stops_with_one_paragraph(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    from materializer.sources import document_check
+    from materializer.sources.documents import check as document_check
 
     write(tmp_path / "src" / "a.jsonl", ['{"id": 1}'])
     original = document_check.check_batches
@@ -265,8 +265,8 @@ def _variant_verdicts(spark: Any, tmp_path: Path, ddl: str) -> dict[int, bool]:
     a value inside an array that does not fit); blank lines are left out."""
     from pyspark.sql import functions as F
 
-    from materializer.sources.document_types import cast_type
-    from materializer.sources.json_documents import DocumentReader, parse_shape
+    from materializer.sources.documents.types import cast_type
+    from materializer.sources.documents.reader import DocumentReader, parse_shape
     from materializer.storage import open_store
 
     src = _diff_source(spark, tmp_path, ddl)
@@ -281,7 +281,7 @@ def _variant_verdicts(spark: Any, tmp_path: Path, ddl: str) -> dict[int, bool]:
 
 def _diff_source(spark: Any, tmp_path: Path, ddl: str = DIFF_SCHEMA) -> Any:
     from tests.test_documents import make_binding
-    from materializer.sources.documents import DocumentsSource
+    from materializer.sources.documents.source import DocumentsSource
     from materializer.storage.local import LocalStore
 
     src = DocumentsSource(make_binding(tmp_path), LocalStore(str(tmp_path / "staging")))
@@ -327,7 +327,7 @@ def test_dead_letters_are_the_same_by_either_route(spark: Any, tmp_path_factory:
         corpus = [line for line in corpus if not any(f'"{name}"' in line for name in FIELDS[7:])] or corpus[:1]
     write(tmp_path / "src" / "a.jsonl", corpus)
     ddl = FLAT_SCHEMA if flat else DIFF_SCHEMA
-    from materializer.sources.document_check import _compile
+    from materializer.sources.documents.check import _compile
 
     fast, suspect, _columns, _whole = _compile(spark.createDataFrame([], ddl).schema.json(), ("id",), ())
     marked = sum(1 for line in corpus if not re.search(suspect, line) and fast(line.encode(), line.count(":")) is not None)
@@ -371,7 +371,7 @@ def _dead_letter_run(spark: Any, tmp_path: Path, validator: str, ddl: str) -> tu
 
 
 def _routes_agree(spark: Any, tmp_path: Path, corpus: list[str], ddl: str) -> None:
-    from materializer.sources.document_check import _compile
+    from materializer.sources.documents.check import _compile
 
     write(tmp_path / "src" / "a.jsonl", corpus)
     verdicts = _variant_verdicts(spark, tmp_path, ddl)
@@ -405,7 +405,7 @@ def test_the_arrow_validator_runs_on_spark_connect(connect_spark: Any, tmp_path:
     """mapInArrow and from_json through a Connect server (as Databricks serverless runs them):
     the fast documents land, a refused one is named by file and line, nothing of its epoch lands."""
     from materializer.runtime import Runtime
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
     from tests.helpers import binding, table_rows, write_jsonl
     from tests.test_holes import config_with
 
@@ -458,7 +458,8 @@ def test_timestamps_dates_and_decimals_the_validator_types_land_exactly_over_spa
     from decimal import Decimal
 
     from materializer.runtime import Runtime
-    from materializer.sources import document_check, document_route
+    from materializer.sources.documents import check as document_check
+    from materializer.sources.documents import route as document_route
     from tests.helpers import binding, delta_rs_rows, write_jsonl
     from tests.test_holes import config_with
 
@@ -527,7 +528,7 @@ def test_a_value_from_json_cannot_read_is_refused_never_a_null(spark: Any, tmp_p
     """Spark's verdict is final: were the validator to pass a value from_json cannot read (here
     every document is made fast), the staging job fails (FAILFAST) and the error path names the
     document; nothing lands as NULL."""
-    from materializer.sources import document_check
+    from materializer.sources.documents import check as document_check
 
     original = document_check.check_batches
 
@@ -556,11 +557,11 @@ def test_a_small_epoch_takes_the_variant_route_unless_the_conf_picks_one(spark: 
     expressions (no Python worker to start, which Spark stops after a minute idle), a bigger one
     by the arrow validator; the conf, when set, decides alone. Both land the same rows."""
     from materializer.runtime import Runtime
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
     from tests.helpers import binding, delta_rs_rows, table_rows, write_jsonl
     from tests.test_holes import config_with
 
-    from materializer.sources.json_documents import DocumentReader
+    from materializer.sources.documents.reader import DocumentReader
 
     routes: list[str] = []
     original = DocumentReader.deferred
@@ -613,8 +614,8 @@ def test_a_bigger_epochs_error_path_says_it_reads_the_epoch_again(spark: Any, tm
     get the validator's marks (``__ok``), not a VARIANT parse of every line."""
     import logging
 
-    from materializer.sources import document_route
-    from materializer.sources.json_documents import DocumentReader
+    from materializer.sources.documents import route as document_route
+    from materializer.sources.documents.reader import DocumentReader
 
     monkeypatch.setattr(document_route, "SMALL_EPOCH_BYTES", 200)
     judged: list[tuple[str, bool]] = []

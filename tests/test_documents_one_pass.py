@@ -12,7 +12,7 @@ from materializer import reductions
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
 from materializer.sources import SourceBatch
-from materializer.sources.json_documents import DocumentReader
+from materializer.sources.documents.reader import DocumentReader
 from tests.helpers import binding, table_rows, write_jsonl
 from tests.test_documents import declared, write
 from tests.test_holes import config_with, files_under, last_epoch
@@ -109,7 +109,7 @@ def test_the_kafka_reader_still_checks_records_with_the_shared_field_cast(spark:
     records as the connector gives them."""
     from pyspark.sql import functions as F
 
-    from materializer.sources.kafka import KafkaReader
+    from materializer.sources.kafka.source import KafkaReader
 
     def records(values: list[str]) -> Any:
         rows = [(v, None, "t", 0, i) for i, v in enumerate(values)]

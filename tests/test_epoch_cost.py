@@ -185,7 +185,7 @@ def test_a_small_epochs_staging_runs_interpreted_and_a_bigger_ones_as_the_sessio
     """When every batch of an epoch is small (here: under 100 bytes of documents), its staging
     jobs run interpreted on the runtime's session; a bigger epoch's as the session is set; after
     each, the session's conf is what it was."""
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
     from materializer.spark.settings import INTERPRETED
     from materializer.staging import StagingArea
 
@@ -216,7 +216,7 @@ def test_a_files_epoch_on_the_arrow_route_stages_with_arrow_batches_bounded_by_r
     records and the task's split, not measured after every row (ARROW_BATCHES_BY_RECORDS), for
     its staging job only: the VARIANT route's epoch stages as the session says, and the session's
     conf is what it was after each."""
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
     from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS
     from materializer.staging import StagingArea
 

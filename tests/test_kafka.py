@@ -19,7 +19,7 @@ from materializer.progress import ListCollector
 from materializer.tools.recover import recover
 from materializer.recovery_log import RecoveryLog
 from materializer.runtime import Runtime
-from materializer.sources.kafka import plan_epoch, share
+from materializer.sources.kafka.source import plan_epoch, share
 from materializer.storage import open_store
 from tests.helpers import run_cli, table_rows, write_config
 from tests.kafka_broker import Broker
@@ -187,7 +187,7 @@ def test_two_waves_and_a_partition_added_mid_run_land_exactly_as_produced(spark:
 
 
 def _marks(broker: Broker, topic: str) -> dict[Any, tuple[int, int]]:
-    from materializer.sources.kafka import Offsets
+    from materializer.sources.kafka.source import Offsets
 
     return Offsets(broker.bootstrap, {}, "test").watermarks([topic])
 
@@ -265,7 +265,7 @@ def test_records_removed_by_retention_and_a_deleted_topic_are_reported(spark: An
 
     # Records that vanish between the plan and Spark's read (retention racing the epoch) fail the
     # read, and the failure is explained, not passed on as Spark's.
-    from materializer.sources.kafka import KafkaSource, Plan
+    from materializer.sources.kafka.source import KafkaSource, Plan
 
     source = KafkaSource(skipping.bindings[0], open_store(skipping.staging))
     with pytest.raises(SourceError, match="disappeared from the broker while Spark read them"):

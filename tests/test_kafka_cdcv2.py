@@ -19,7 +19,7 @@ from materializer.delta import TableRef, history
 from materializer.errors import ConfigError, SourceError
 from materializer.tools.recover import recover
 from materializer.runtime import Runtime
-from materializer.sources.kafka import Offsets
+from materializer.sources.kafka.source import Offsets
 from materializer.storage import open_store
 from tests.helpers import write_config
 from tests.kafka_broker import Broker
@@ -116,7 +116,7 @@ def test_a_malformed_statement_is_named_by_topic_partition_and_offset(spark: Any
 def test_recover_re_reads_a_cdcv2_epoch_to_its_recorded_frontier_though_more_times_completed(spark: Any, tmp_path: Path) -> None:
     """The seam both readers share: with ``until`` an epoch ends at the log's frontier (it used to
     take every time complete by then, up to max_documents, and recover refused the mismatch)."""
-    from materializer.sources.cdcv2 import CdcV2Source
+    from materializer.sources.cdcv2.source import CdcV2Source
 
     source_dir = tmp_path / "src"
     source_dir.mkdir()

@@ -17,7 +17,7 @@ from materializer.errors import SourceError
 from materializer.progress import ListCollector
 from materializer.runtime import Runtime
 from materializer.events import Progress
-from materializer.sources.kafka import CompactionLag, compaction_lags, compaction_risks
+from materializer.sources.kafka.source import CompactionLag, compaction_lags, compaction_risks
 from materializer.tools.status import pipeline_status
 from materializer.tools.oracle_kafka import read_topic
 from tests.helpers import write_config

@@ -49,7 +49,7 @@ def test_bad_records_land_once_in_the_dead_letter_table_also_when_the_apply_is_c
 ) -> None:
     """By either route: with the arrow validator the records it does not find fast are set aside
     in the spool for the checks and the dead letters (document_route.set_aside)."""
-    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.documents.route import VALIDATOR_CONF
     from tests.helpers import record_set_asides
 
     asides = record_set_asides(monkeypatch)
@@ -133,7 +133,7 @@ def test_a_range_the_validator_finds_all_fast_is_staged_in_one_job_and_the_other
     """As for files (tests/test_dead_letters.py): with the arrow validator, a dead-letter binding's
     range whose every record is fast is checked by its staging job; a range with a bad record or
     a tombstone keeps the dead letters' path, its range read from the broker once."""
-    from materializer.sources.document_route import VALIDATOR_CONF
+    from materializer.sources.documents.route import VALIDATOR_CONF
     from tests.helpers import record_document_paths
 
     paths = record_document_paths(monkeypatch)

@@ -10,7 +10,7 @@ import pytest
 
 from materializer.config import load_config
 from materializer.runtime import Runtime
-from materializer.sources.kafka import KafkaSource, KafkaReader
+from materializer.sources.kafka.source import KafkaSource, KafkaReader
 from materializer.storage import open_store
 from tests.helpers import table_rows, write_config
 from tests.kafka_broker import Broker

@@ -139,7 +139,7 @@ FIELDS = [
 
 
 def test_the_docs_say_what_every_debezium_type_lands_as() -> None:
-    from materializer.sources.debezium_types import DECODED, TYPES, landing_type
+    from materializer.sources.kafka.debezium_types import DECODED, TYPES, landing_type
     from tests.helpers import REPO
 
     readme = (REPO / "docs" / "sources" / "kafka.md").read_text()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from materializer.config import load_config
 from materializer.errors import SourceError
 from materializer.runtime import Runtime
-from materializer.sources.kafka import KafkaSource
+from materializer.sources.kafka.source import KafkaSource
 from materializer.storage import open_store
 from tests.helpers import delta_rs_rows, table_rows, write_config
 from tests.kafka_broker import Broker
@@ -105,7 +105,7 @@ def test_a_declared_topic_lands_exactly_over_epochs_read_by_delta_rs(spark: Any,
     """Epochs of up to 60 records; with the small-epoch threshold at 50 records, the full epochs
     are checked by the arrow validator and the smaller ones in Spark expressions (the conf unset),
     and the table is exact either way."""
-    from materializer.sources import document_route
+    from materializer.sources.documents import route as document_route
 
     routes: list[str] = []
     chosen = document_route.validator

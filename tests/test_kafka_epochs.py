@@ -11,7 +11,7 @@ import pytest
 from materializer.config import load_config, parse_config
 from materializer.errors import ConfigError
 from materializer.runtime import Runtime
-from materializer.sources.kafka import Plan, byte_budgets, cut_by_bytes
+from materializer.sources.kafka.source import Plan, byte_budgets, cut_by_bytes
 from tests.helpers import table_rows, write_config
 from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding, log_entries, oracle, produce

@@ -17,7 +17,7 @@ from materializer.config import load_config, parse_config
 from materializer.delta import TableRef, history
 from materializer.errors import ConfigError
 from materializer.runtime import Runtime
-from materializer.sources.kafka import Offsets
+from materializer.sources.kafka.source import Offsets
 from tests.helpers import run_cli, table_rows, write_config
 from tests.kafka_broker import Broker
 from tests.test_kafka import _source, kafka_binding, log_entries
@@ -40,7 +40,7 @@ def _doc(i: int, v: Any, partitions: int = 2) -> tuple[bytes, bytes, int]:
 
 
 def test_the_isolation_level_is_read_committed_unless_read_uncommitted_is_asked() -> None:
-    from materializer.sources.kafka import isolation_level
+    from materializer.sources.kafka.source import isolation_level
 
     assert isolation_level({}) == "read_committed"
     assert isolation_level({"kafka.isolation.level": "READ_UNCOMMITTED"}) == "read_uncommitted"

@@ -15,7 +15,7 @@ from materializer.storage.local import LocalStore
 def test_lines_of_split_and_packed_files_get_their_numbers_in_their_file(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
 
-    from materializer.sources.json_documents import DocumentReader
+    from materializer.sources.documents.reader import DocumentReader
     from materializer.sources.line_numbers import with_line_numbers
 
     src = tmp_path / "src"

@@ -198,7 +198,7 @@ def documents(profile: Any) -> Any:
 
 def spool(spark: Any, folder: Path, docs: list[dict[str, Any]]) -> Any:
     """The documents DataFrame the documents source makes (fields, ``_op``, ``_seq``)."""
-    from materializer.sources.documents import DocumentsSource
+    from materializer.sources.documents.source import DocumentsSource
     from materializer.storage.local import LocalStore
 
     source = folder / f"src-{len(list(folder.iterdir()))}"

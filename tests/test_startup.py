@@ -240,7 +240,7 @@ def test_the_jvm_relay_drops_a_cancelled_python_workers_broken_pipe_and_nothing_
     cancelled = "Traceback (most recent call last):\n" + daemon.format(262, "manager") + daemon.format(95, "worker") + "BrokenPipeError: [Errno 32] Broken pipe\n"
     other = (
         "Traceback (most recent call last):\n" + daemon.format(262, "manager")
-        + '  File "/x/materializer/sources/document_check.py", line 9, in run\n    raise RuntimeError(MISSING)\n'
+        + '  File "/x/materializer/sources/documents/check.py", line 9, in run\n    raise RuntimeError(MISSING)\n'
         + "RuntimeError: msgspec is missing\n"
     )
     interleaved = "".join(a + b for a, b in zip(cancelled.splitlines(True), cancelled.splitlines(True)))

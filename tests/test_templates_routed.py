@@ -322,7 +322,7 @@ def test_records_that_name_no_table_are_dead_letters_with_one_dead_letter_table(
 
     # Epoch 3: records of no table only (a range no table's binding reads). The range is read
     # from the brokers once, by the router's scan; the bindings take their records from there.
-    from materializer.sources.kafka_transport import KafkaTransport
+    from materializer.sources.kafka.transport import KafkaTransport
 
     reads: list[Any] = []
     records = KafkaTransport.records

@@ -17,7 +17,7 @@ from materializer.sources.formats import open_source
 from materializer.storage import open_store
 
 if TYPE_CHECKING:
-    from materializer.sources.kafka_routes import KafkaRouter
+    from materializer.sources.kafka.routes import KafkaRouter
     from pyspark.sql import SparkSession
 
 
@@ -46,7 +46,7 @@ class TemplatedRuntime:
 
     def _router(self, index: int, topic: str) -> "KafkaRouter":
         if (index, topic) not in self.routers:
-            from materializer.sources.kafka_routes import KafkaRouter
+            from materializer.sources.kafka.routes import KafkaRouter
 
             self.routers[(index, topic)] = KafkaRouter(self.config, index, open_store(self.config.staging_root), topic)
         return self.routers[(index, topic)]

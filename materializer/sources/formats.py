@@ -15,19 +15,19 @@ from materializer.storage import Store
 def open_source(binding: BindingConfig, spool: Store) -> Source:
     """A reader of ``binding``'s source (its ``format``, and for kafka its ``payload``), spooling to ``spool``."""
     if binding.source.format == "documents":
-        from materializer.sources.documents import DocumentsSource
+        from materializer.sources.documents.source import DocumentsSource
 
         return DocumentsSource(binding, spool)
     if binding.source.format == "cdcv2":
-        from materializer.sources.cdcv2 import CdcV2Source
+        from materializer.sources.cdcv2.source import CdcV2Source
 
         return CdcV2Source(binding, spool)
     if binding.source.format == "kafka" and binding.source.payload == "cdcv2":
-        from materializer.sources.kafka_cdcv2 import KafkaCdcV2Source
+        from materializer.sources.kafka.cdcv2 import KafkaCdcV2Source
 
         return KafkaCdcV2Source(binding, spool)
     if binding.source.format == "kafka":
-        from materializer.sources.kafka import KafkaSource
+        from materializer.sources.kafka.source import KafkaSource
 
         return KafkaSource(binding, spool)
     raise ValueError(binding.source.format)

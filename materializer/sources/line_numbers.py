@@ -1,6 +1,6 @@
 """Line numbers of text files as Spark read them, without sorting a file into one task.
 
-The reader's ``_seq`` (:meth:`materializer.sources.json_documents.DocumentReader._text`) is each
+The reader's ``_seq`` (:meth:`materializer.sources.documents.reader.DocumentReader._text`) is each
 line's file, the start of the split it was read in (``_metadata.file_block_start``) and
 ``monotonically_increasing_id``. A split is read by one task, line after line, and that id counts
 up by one per line within a task, so a line's number in its file is the lines of the file's

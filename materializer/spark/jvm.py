@@ -60,7 +60,7 @@ logger.stream40.level = error
 logger.fair.name = org.apache.spark.scheduler.FairSchedulableBuilder
 logger.fair.level = error
 # A refused line is found by numbering its file's lines in one partition, on purpose (a window
-# without partitions; materializer.sources.json_documents): Spark warns of it right above our error.
+# without partitions; materializer.sources.documents.reader): Spark warns of it right above our error.
 logger.window.name = org.apache.spark.sql.execution.window.WindowExec
 logger.window.level = error
 # A staging job the checks refuse fails its tasks while they write their shuffle (the combine's

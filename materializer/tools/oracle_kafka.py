@@ -157,7 +157,7 @@ def kafka_standard(binding: BindingConfig, max_documents: int) -> Expected:
         expected.epochs = None
         return expected
     if source.payload == "debezium":
-        from materializer.sources.debezium_types import DECODED
+        from materializer.sources.kafka.debezium_types import DECODED
 
         signs = [source.unavailable_value, *DECODED]
         if any(v is not None and any(sign.encode() in v for sign in signs) for *_, v in records):

@@ -30,8 +30,8 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     from materializer import reductions
     from materializer.config import BindingConfig
-    from materializer.sources.documents import plan_epoch
-    from materializer.sources.json_documents import DocumentReader
+    from materializer.sources.documents.source import plan_epoch
+    from materializer.sources.documents.reader import DocumentReader
     from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
     from materializer.storage import open_store
     from materializer.tools import bench
@@ -109,7 +109,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
     def ours_arrow_dead_letter_parquet() -> None:
         # on_invalid: dead_letter, no bad document: the validator's set-aside job first (it finds
         # none to set aside), then staged as fail's epochs are.
-        from materializer.sources.document_route import set_aside
+        from materializer.sources.documents.route import set_aside
 
         r, parsed = reader("arrow", dead_letter=True)
         assert set_aside(r, open_store(str(out)), "spool-not-fast", files=True).others is None
@@ -122,7 +122,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         # until 2026-11-29 14:00 (since, the check job reads the documents set aside): the check
         # job, then the staging job, on the documents the validator marks (only the others parsed
         # and judged); marked=False: every document on the VARIANT route (until 2026-11-29).
-        from materializer.sources.document_route import marked_documents
+        from materializer.sources.documents.route import marked_documents
 
         r, parsed = reader("arrow", dead_letter=True)
         conf = ARROW_BATCHES_BY_RECORDS if marked else {}
@@ -134,7 +134,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     def ours_arrow_from_json_parquet() -> None:
         # The arrow validator as it was before it typed the scalars itself: from_json types all.
-        from materializer.sources import document_route
+        from materializer.sources.documents import route as document_route
 
         r, parsed = reader("arrow")
         r.deferred_documents = parsed
@@ -146,7 +146,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
         # The arrow validator judging each document alone, as before it tried a batch whole.
         import functools
 
-        from materializer.sources import document_check
+        from materializer.sources.documents import check as document_check
 
         whole = document_check.check_batches
         document_check.check_batches = functools.partial(whole, whole_batches=False)
@@ -169,7 +169,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     def arrow_only_noop() -> None:
         # The validator's pass alone: lines to Python and back, no typing.
-        from materializer.sources.document_check import OK, check_batches
+        from materializer.sources.documents.check import OK, check_batches
 
         text = lines()
         marked = text.mapInArrow(
@@ -191,7 +191,7 @@ def _variants(spark: Any, folder: Path, out: Path, documents: int) -> dict[str, 
 
     def ours_parquet_variant_cast() -> None:
         # The staging job as it was before the fifth pass: every field typed by the VARIANT cast.
-        from materializer.sources import document_types
+        from materializer.sources.documents import types as document_types
 
         by_text = document_types.by_text
         document_types.by_text = lambda dtype: False

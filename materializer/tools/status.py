@@ -140,7 +140,7 @@ def _compaction(binding: Any, checkpoint: Any) -> tuple[list[dict[str, Any]], st
     if binding.source.format != "kafka" or not checkpoint:
         return [], ""
     from materializer.errors import MaterializerError
-    from materializer.sources.kafka import KafkaSource, positions_of
+    from materializer.sources.kafka.source import KafkaSource, positions_of
 
     try:
         lags = KafkaSource(binding, None).compaction_lag(positions_of(checkpoint))  # type: ignore[arg-type]

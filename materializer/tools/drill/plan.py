@@ -202,7 +202,7 @@ class EpochSizes:
 
 
 def _documents_files(binding: Any) -> int:
-    from materializer.sources.documents import is_document_file
+    from materializer.sources.documents.source import is_document_file
     from materializer.storage import open_store
 
     return sum(1 for f in open_store(binding.source.path).list() if is_document_file(f.path))
@@ -216,7 +216,7 @@ def _cdcv2_statements(binding: Any) -> int:
 
 
 def _kafka_records(binding: Any) -> int:
-    from materializer.sources.kafka import Offsets
+    from materializer.sources.kafka.source import Offsets
 
     source = binding.source
     offsets = Offsets(source.bootstrap_servers, dict(source.client_options), f"binding {binding.name}")

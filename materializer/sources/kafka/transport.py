@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.columns import SEQ
 from materializer.errors import SourceError
-from materializer.sources.kafka_offsets import ISOLATION, Offsets, isolation_level
-from materializer.sources.kafka_plan import (
+from materializer.sources.kafka.offsets import ISOLATION, Offsets, isolation_level
+from materializer.sources.kafka.plan import (
     CompactionLag, Partition, Plan, byte_budgets, compaction_lags, compaction_risks, cut_by_bytes, duration, nested,
     plan_epoch, positions_of,
 )
@@ -46,7 +46,7 @@ from materializer.sources.kafka_plan import (
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-log = logging.getLogger("materializer.sources.kafka")  # the kafka source's logger, whichever module logs
+log = logging.getLogger("materializer.sources.kafka")  # the kafka package's logger, whichever of its modules logs
 
 
 class KafkaTransport:

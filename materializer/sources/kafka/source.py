@@ -1,9 +1,9 @@
 """The ``kafka`` source: a topic's partitions, read by Spark's own Kafka connector in batch mode.
 
 Each epoch is a range of offsets per partition, planned from the brokers' offsets and recorded in
-the runtime checkpoint before any apply (:mod:`~materializer.sources.kafka_transport`: the
+the runtime checkpoint before any apply (:mod:`~materializer.sources.kafka.transport`: the
 positions, lost records, compaction, ``max_records`` and ``max_bytes``); Spark reads exactly that
-range on the executors, and the payload's reader (:mod:`~materializer.sources.kafka_reader`:
+range on the executors, and the payload's reader (:mod:`~materializer.sources.kafka.reader`:
 ``documents`` or ``debezium``) checks the records as documents. A committed epoch is read again
 exactly by ``recover`` (:meth:`KafkaSource.replay`).
 
@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from materializer.dead_letters import split
 from materializer.errors import SourceError
 from materializer.sources import Source, SourceBatch
-from materializer.sources.json_documents import change_controlled, parse_schema
-from materializer.sources.kafka_offsets import Offsets, isolation_level
-from materializer.sources.kafka_plan import (
+from materializer.sources.documents.reader import change_controlled, parse_schema
+from materializer.sources.kafka.offsets import Offsets, isolation_level
+from materializer.sources.kafka.plan import (
     CompactionLag, Plan, byte_budgets, compaction_lags, compaction_risks, cut_by_bytes, offsets_text, plan_epoch, positions_of,
     share,
 )
-from materializer.sources.kafka_reader import KafkaReader
-from materializer.sources.kafka_transport import KafkaTransport
+from materializer.sources.kafka.reader import KafkaReader
+from materializer.sources.kafka.transport import KafkaTransport
 from materializer.storage import Store
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ class KafkaSource(KafkaTransport, Source):
     def _batch(
         self, spark: "SparkSession", checkpoint: dict[str, Any] | None, plan: Plan, *, defer: bool = False, spool_path: str | None = None
     ) -> SourceBatch:
-        from materializer.sources.document_route import SMALL_EPOCH_RECORDS, set_aside, validator
+        from materializer.sources.documents.route import SMALL_EPOCH_RECORDS, set_aside, validator
 
         reader = self.reader(spark, checkpoint)
         small = plan.records < SMALL_EPOCH_RECORDS
@@ -181,7 +181,7 @@ class KafkaSource(KafkaTransport, Source):
             # the others only (document_route.marked_documents).
             from pyspark.sql import functions as F
 
-            from materializer.sources.document_route import marked_documents
+            from materializer.sources.documents.route import marked_documents
             from materializer.sources.json_text import parse_one
 
             others = aside.others.withColumn("__v", parse_one(F.col("value")))

@@ -4,7 +4,7 @@ No Spark: unit-tested without a JVM. The seed's iterator (seed 002): a progress 
 once its lower bound is covered, and a time is complete when progress covers it and the distinct
 updates received match its count; an epoch takes complete times in order, whole. Python holds only
 this: the progress statements (few), one count per time, and the frontier; the updates stay in Spark
-(:mod:`~materializer.sources.cdcv2_reader`).
+(:mod:`~materializer.sources.cdcv2.reader`).
 """
 
 from __future__ import annotations

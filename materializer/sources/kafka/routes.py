@@ -45,9 +45,9 @@ from materializer.columns import SEQ
 from materializer.config import BindingConfig, PipelineConfig, routed_found
 from materializer.errors import ConfigError, SourceError
 from materializer.sources import SourceBatch
-from materializer.sources.kafka import KafkaSource
-from materializer.sources.kafka_plan import Partition, Plan, positions_of
-from materializer.sources.kafka_transport import route_field
+from materializer.sources.kafka.source import KafkaSource
+from materializer.sources.kafka.plan import Partition, Plan, positions_of
+from materializer.sources.kafka.transport import route_field
 from materializer.storage import Store
 
 if TYPE_CHECKING:

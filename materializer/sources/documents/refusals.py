@@ -1,5 +1,5 @@
 """The documents an epoch's shape refuses, found on the error path of the JSON documents reader
-(:mod:`materializer.sources.json_documents`).
+(:mod:`materializer.sources.documents.reader`).
 
 Some problems show only in a document's shape (``schema_of_variant``), not in a rule over its
 values: with a declared schema, a field it does not declare or a JSON kind its type cannot take,
@@ -16,9 +16,9 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from materializer.columns import SEQ
-from materializer.sources.document_schema import kinds_of, misfit
-from materializer.sources.document_shapes import against_declared, conflict, merge_shapes, shape_problems
-from materializer.sources.variant_shape import Shape, parse_shape
+from materializer.sources.documents.schema import kinds_of, misfit
+from materializer.sources.documents.shapes import against_declared, conflict, merge_shapes, shape_problems
+from materializer.sources.documents.variant_shape import Shape, parse_shape
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

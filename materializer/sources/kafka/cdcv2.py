@@ -1,7 +1,7 @@
 """Kafka's ``cdcv2`` payload: CDC v2 statements (Materialize's protocol) read from a topic.
 
 Each record's value is one statement, exactly a line of the ``cdcv2`` format's files, and the
-cdcv2 source's reader (:class:`~materializer.sources.cdcv2_reader.CdcV2Reader`) does everything else: the
+cdcv2 source's reader (:class:`~materializer.sources.cdcv2.reader.CdcV2Reader`) does everything else: the
 statements' checks, duplicates absorbed, the progress bookkeeping, complete times taken in order,
 the frontier as the runtime checkpoint. Only where the statements come from changes (its ``_lines``
 seam): Spark's Kafka connector reads a range of offsets per partition instead of a folder, and a
@@ -32,12 +32,12 @@ from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.columns import SEQ
 from materializer.sources import SourceBatch
-from materializer.sources.cdcv2_progress import START, Origin
-from materializer.sources.cdcv2_reader import CdcV2Reader, Scan
-from materializer.sources.cdcv2_statements import statements
+from materializer.sources.cdcv2.progress import START, Origin
+from materializer.sources.cdcv2.reader import CdcV2Reader, Scan
+from materializer.sources.cdcv2.statements import statements
 from materializer.sources.json_text import parse_one
-from materializer.sources.kafka_plan import Partition, Plan, nested, positions_of
-from materializer.sources.kafka_transport import KafkaTransport, null_envelope
+from materializer.sources.kafka.plan import Partition, Plan, nested, positions_of
+from materializer.sources.kafka.transport import KafkaTransport, null_envelope
 from materializer.storage import Store
 
 if TYPE_CHECKING:

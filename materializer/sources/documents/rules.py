@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from materializer import sqltypes
 from materializer.columns import OP, SEQ
-from materializer.sources.document_shapes import join_path
-from materializer.sources.document_types import cast_type
+from materializer.sources.documents.shapes import join_path
+from materializer.sources.documents.types import cast_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

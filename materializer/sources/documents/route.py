@@ -1,5 +1,5 @@
 """The arrow validator's route through the staging job (issue #25): the plan the driver builds
-around :func:`materializer.sources.document_check.check_batches` (DataFrame calls only), the conf
+around :func:`materializer.sources.documents.check.check_batches` (DataFrame calls only), the conf
 that picks the validator, and the errors its job can end with.
 
 One Spark job reads the lines, marks the fast ones in Arrow batches on the executors and types
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from materializer import sqltypes
-from materializer.sources import document_check
-from materializer.sources.document_check import MISSING, OK, OP_COLUMN, TYPED_PREFIX, python_typed
+from materializer.sources.documents import check as document_check
+from materializer.sources.documents.check import MISSING, OK, OP_COLUMN, TYPED_PREFIX, python_typed
 
 __all__ = [
     "DEFAULT_VALIDATOR", "DRIVER_NEEDS", "FAST_JSON", "OP_COLUMN", "SMALL_EPOCH_BYTES", "SMALL_EPOCH_RECORDS", "VALIDATOR_CONF",
@@ -23,7 +23,7 @@ __all__ = [
 
 VALIDATOR_CONF = "spark.materializer.documents.validator"
 """The Spark conf that picks how declared documents are checked: ``arrow`` (this module) or
-``variant`` (Spark expressions only, :mod:`materializer.sources.documents`)."""
+``variant`` (Spark expressions only, :mod:`materializer.sources.documents.source`)."""
 DEFAULT_VALIDATOR = "arrow"
 """With a declared schema, unless the conf says otherwise or the epoch is small: measured cheaper
 than the VARIANT route (docs, Performance) and held to the same tables and refusals by
@@ -112,8 +112,8 @@ def deferred(reader: Any, parsed: Any, *, python_types: bool = True) -> tuple[An
     from pyspark.sql import functions as F
 
     from materializer.errors import SourceError
-    from materializer.sources.document_refusals import rereading
-    from materializer.sources.variant_shape import parse_shape
+    from materializer.sources.documents.refusals import rereading
+    from materializer.sources.documents.variant_shape import parse_shape
 
     assert reader.declared is not None and reader.lines is not None
     reader.deferred_documents = parsed

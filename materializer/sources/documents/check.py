@@ -2,7 +2,7 @@
 
 With a declared schema (``source.schema``) the documents reader can decide per document, in
 Python on the executors (``mapInArrow``, which Spark Connect and serverless run too), whether the
-document is one the VARIANT route (:mod:`materializer.sources.documents`) would take as it is,
+document is one the VARIANT route (:mod:`materializer.sources.documents.source`) would take as it is,
 and whose declared fields Spark's own ``from_json`` types to the same values. Such a document is
 *fast*: it skips the VARIANT parse, cast and per-document checks. Every other document, bad or
 merely unusual, goes the VARIANT route in the same job, so its checks, its error texts and its
@@ -49,7 +49,7 @@ a value it cannot read never becomes a NULL. Without such fields a fast document
 go back to Spark at all. ``tests/test_documents_arrow.py`` holds both to the VARIANT route.
 
 This module is what runs on the executors (:func:`check_batches`, which ``mapInArrow`` runs);
-the plan the driver builds around it is :mod:`materializer.sources.document_route`. It imports
+the plan the driver builds around it is :mod:`materializer.sources.documents.route`. It imports
 msgspec only on the executors, inside :func:`check_batches`: an executor without it stops the run
 with :data:`MISSING`, one paragraph, instead of a worker traceback.
 """
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from materializer.sources.document_values import CONVERSION_ERRORS, arrow_converted, collector, converted, decimal_type, required, unset_as_none
+from materializer.sources.documents.values import CONVERSION_ERRORS, arrow_converted, collector, converted, decimal_type, required, unset_as_none
 
 OK = "__ok"
 """The column ``mapInArrow`` adds: whether the document is fast."""

@@ -1,7 +1,7 @@
 """Schemas as ``schema_of_variant`` writes them, parsed in plain Python (no Spark).
 
 The documents reader learns each document's shape from Spark (``schema_of_variant``) and checks
-it here; its Arrow-batch checks (:mod:`materializer.sources.document_check`) read the same text.
+it here; its Arrow-batch checks (:mod:`materializer.sources.documents.check`) read the same text.
 Both import this module, which imports neither.
 """
 

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from materializer.errors import ConfigError, SourceError
-from materializer.sources.kafka_plan import Partition
+from materializer.sources.kafka.plan import Partition
 
 ISOLATION = "kafka.isolation.level"
 """Spark's Kafka reader option (the consumer's ``isolation.level``)."""

@@ -39,20 +39,20 @@ from materializer import sqltypes
 from materializer.errors import SourceError
 from materializer.dead_letters import split
 from materializer.columns import OP, SEQ
-from materializer.sources.document_refusals import LINE_SHOWN, dead_letter_rows, each_fits_alone, first_misfit, refused_shapes, rereading, shape_judge, why
-from materializer.sources.document_rules import EXACT_DIGITS, problem_column
-from materializer.sources.document_schema import ANY, Kinds, kinds_of, misfit, parse_schema
-from materializer.sources.document_shapes import (
+from materializer.sources.documents.refusals import LINE_SHOWN, dead_letter_rows, each_fits_alone, first_misfit, refused_shapes, rereading, shape_judge, why
+from materializer.sources.documents.rules import EXACT_DIGITS, problem_column
+from materializer.sources.documents.schema import ANY, Kinds, kinds_of, misfit, parse_schema
+from materializer.sources.documents.shapes import (
     DELTA_INVALID,
     against_declared,
     declared_problems,
     inferred_type,
     shape_problems,
 )
-from materializer.sources.document_types import cast_type, typed, with_void
+from materializer.sources.documents.types import cast_type, typed, with_void
 from materializer.sources.json_text import parse_one
 from materializer.sources.line_numbers import with_line_numbers
-from materializer.sources.variant_shape import Shape, parse_shape
+from materializer.sources.documents.variant_shape import Shape, parse_shape
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class DocumentReader:
         """The epoch's merged shape, once :meth:`check` ran (types the sequence fields)."""
         self.validator = "variant"
         """How :meth:`deferred` checks: ``variant`` (Spark expressions) or ``arrow``
-        (:mod:`materializer.sources.document_check`: a compiled validator in Arrow batches)."""
+        (:mod:`materializer.sources.documents.check`: a compiled validator in Arrow batches)."""
         self.fast: int | None = None
         """Documents the ``arrow`` validator found fast, once its staging job has run."""
         self.small = True
@@ -368,7 +368,7 @@ class DocumentReader:
 
         assert self.declared is not None
         if self.validator == "arrow" and self.lines is not None:  # (a routed topic's records come parsed)
-            from materializer.sources import document_route
+            from materializer.sources.documents import route as document_route
 
             return document_route.deferred(self, parsed)
         self.deferred_documents = parsed
@@ -460,9 +460,9 @@ class DocumentReader:
 
     def rejected(self, others: "DataFrame | None" = None) -> "DataFrame":
         """The invalid documents with their file's URI, line number and problem (``dead_letter``):
-        :func:`materializer.sources.document_refusals.dead_letter_rows` (``others``: the documents
+        :func:`materializer.sources.documents.refusals.dead_letter_rows` (``others``: the documents
         the validator set aside, parsed, :func:`document_route.set_aside`)."""
-        from materializer.sources.document_route import marked_lines
+        from materializer.sources.documents.route import marked_lines
 
         return dead_letter_rows(self, marked_lines, others)
 
@@ -476,7 +476,7 @@ class DocumentReader:
         columns = [] if doc is None else [typed(doc[f.name], f.dataType) for f in schema.fields]
         if "__ok" in parsed.columns:
             # The arrow validator's fast documents, typed by the validator or from_json (document_check).
-            from materializer.sources.document_route import OP_COLUMN, typed_fast
+            from materializer.sources.documents.route import OP_COLUMN, typed_fast
 
             columns = [typed_fast(c, f.name, self, parsed.columns) for c, f in zip(columns, schema.fields)]
             op = F.when(F.col("__ok"), F.col(OP_COLUMN)).otherwise(op)
@@ -497,7 +497,7 @@ class DocumentReader:
         rereading(self.store.uri, self.small)
         try:
             if not_fast:
-                from materializer.sources.document_route import check_not_fast
+                from materializer.sources.documents.route import check_not_fast
 
                 check_not_fast(self)
             else:
@@ -510,7 +510,7 @@ class DocumentReader:
         """A cast the per-document checks could not foresee (a value inside an array, say)."""
         text = str(exc)
         if self.validator == "arrow":
-            from materializer.sources import document_route
+            from materializer.sources.documents import route as document_route
 
             found = document_route.explain(self, text)
             if found is not None:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.columns import RESERVED
 from materializer.errors import ConfigError
-from materializer.sources.document_shapes import shape_problems
-from materializer.sources.variant_shape import Shape
+from materializer.sources.documents.shapes import shape_problems
+from materializer.sources.documents.variant_shape import Shape
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -2,7 +2,7 @@
 
 Where the work happens (DESIGN.md invariant 8): every update lives in Spark DataFrames (parsed as
 VARIANT, deduplicated, counted per time, consolidated per key). Python holds only the progress
-bookkeeping (:mod:`~materializer.sources.cdcv2_progress`): the progress statements (few), one
+bookkeeping (:mod:`~materializer.sources.cdcv2.progress`): the progress statements (few), one
 count per time, and the frontier.
 
 A keyed Delta table holds at most one row per key, so per key the epoch's updates are consolidated
@@ -28,8 +28,8 @@ from materializer.columns import OP, SEQ
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.sources import Source, SourceBatch
-from materializer.sources.cdcv2_progress import FIX, START, EpochPlan, Origin, Problem, Progress, parse_progress, plan_epoch, track
-from materializer.sources.cdcv2_statements import lookup, statements
+from materializer.sources.cdcv2.progress import FIX, START, EpochPlan, Origin, Problem, Progress, parse_progress, plan_epoch, track
+from materializer.sources.cdcv2.statements import lookup, statements
 from materializer.storage import Store
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ class CdcV2Reader(Source):
 
     @staticmethod
     def _rejected(checked: "DataFrame", scan: Scan) -> "DataFrame":
-        """The malformed statements of ``checked`` (a :func:`~materializer.sources.cdcv2_statements.statements` DataFrame) with their ``reason``."""
+        """The malformed statements of ``checked`` (a :func:`~materializer.sources.cdcv2.statements.statements` DataFrame) with their ``reason``."""
         from pyspark.sql import functions as F
 
         reason = F.coalesce(F.col("problem"), lookup(scan.bad_progress, F.col("value")))

@@ -1,14 +1,14 @@
 """An epoch's merged shape judged in plain Python: names and kinds no table can take, the fit to a
 declared ``source.schema``, the Spark type ``spark.read.json`` would infer, and the first conflict
 between two documents' shapes (shapes as ``schema_of_variant`` writes them, parsed by
-:mod:`materializer.sources.variant_shape`)."""
+:mod:`materializer.sources.documents.variant_shape`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from materializer.columns import RESERVED
-from materializer.sources.variant_shape import Shape
+from materializer.sources.documents.variant_shape import Shape
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -5,7 +5,7 @@ The documents source's reader, over records.
 Payloads (``source.payload``):
 
 - ``documents``: the value is a JSON document, read and checked exactly as the documents source
-  does (:class:`~materializer.sources.json_documents.DocumentReader`: ``try_parse_json`` to VARIANT, one aggregate of checks and
+  does (:class:`~materializer.sources.documents.reader.DocumentReader`: ``try_parse_json`` to VARIANT, one aggregate of checks and
   ``schema_of_variant_agg``), ``_meta.op = "d"`` deletes the key. A null value (a tombstone) is
   refused: it names no key. With ``key_from: message`` the key fields come from the record's key
   (a JSON object, or one scalar) and a tombstone deletes that key, as in a compacted topic.
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.columns import OP, SEQ
 from materializer.errors import SourceError
-from materializer.sources import debezium_types as dbz
-from materializer.sources.json_documents import FIRST_FAILURES, LINE_SHOWN, DocumentReader
+from materializer.sources.kafka import debezium_types as dbz
+from materializer.sources.documents.reader import FIRST_FAILURES, LINE_SHOWN, DocumentReader
 from materializer.sources.json_text import parse_one
-from materializer.sources.kafka_transport import null_envelope
+from materializer.sources.kafka.transport import null_envelope
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

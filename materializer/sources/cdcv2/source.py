@@ -16,10 +16,10 @@ takes complete times in order; its runtime checkpoint is the frontier ``{"fronti
 time below ``t`` is materialized; ``null`` once the stream has ended), so a restart re-reads the
 files and applies nothing twice.
 
-The statements are judged by :mod:`~materializer.sources.cdcv2_statements`, the progress
-bookkeeping is plain Python (:mod:`~materializer.sources.cdcv2_progress`: :func:`parse_progress`,
+The statements are judged by :mod:`~materializer.sources.cdcv2.statements`, the progress
+bookkeeping is plain Python (:mod:`~materializer.sources.cdcv2.progress`: :func:`parse_progress`,
 :func:`track`, :func:`plan_epoch`, unit-tested without a JVM), and Spark reads, scans and
-consolidates the updates (:class:`~materializer.sources.cdcv2_reader.CdcV2Reader`, shared with
+consolidates the updates (:class:`~materializer.sources.cdcv2.reader.CdcV2Reader`, shared with
 the kafka ``cdcv2`` payload); this module gives the reader its files.
 """
 
@@ -29,11 +29,11 @@ import os
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import unquote
 
-from materializer.sources.cdcv2_progress import (
+from materializer.sources.cdcv2.progress import (
     START, EpochPlan, Origin, Problem, Progress, Tracking, parse_progress, plan_epoch, track,
 )
-from materializer.sources.cdcv2_reader import CdcV2Reader, Scan
-from materializer.sources.cdcv2_statements import lookup, statements
+from materializer.sources.cdcv2.reader import CdcV2Reader, Scan
+from materializer.sources.cdcv2.statements import lookup, statements
 from materializer.sources.line_numbers import with_line_numbers
 from materializer.storage import Store, open_store
 

@@ -1,5 +1,5 @@
 """The TIMESTAMP, DATE and DECIMAL values the arrow validator passes
-(:mod:`materializer.sources.document_check`): the one form of each that Spark's cast, its
+(:mod:`materializer.sources.documents.check`): the one form of each that Spark's cast, its
 ``from_json``, Arrow's parsers and Python's read alike, and the conversions, for a whole batch in
 Arrow (:func:`arrow_converted`) or for one document in Python (:data:`CONVERTERS`). The validator
 types top-level ones itself; deeper ones are gathered (:func:`collector`) and checked the same
@@ -165,7 +165,7 @@ def unset_as_none(values: "Sequence[Any]", count: "int | None" = None) -> "Seque
 
 def collector(spec: Any, astuple: Any, unset: Any) -> "Callable[[Any, dict[str, list[Any]]], None] | None":
     """What gathers the values of the validator's walker spec's nested timestamps, dates and
-    decimals (``("value", kind)``; :mod:`materializer.sources.document_check`) from a decoded
+    decimals (``("value", kind)``; :mod:`materializer.sources.documents.check`) from a decoded
     value into lists by kind (None: it holds none), to be checked as the top level's are."""
     if not isinstance(spec, tuple) or spec[0] == "meta":
         return None

@@ -11,7 +11,7 @@ sizes of the files taken; a file that later appears before it, or a taken file w
 checkpoint of the previous version (``{"file", "line", "offset", "before"}``, a position inside a
 file) resumes by finishing that file from its line, then goes on by whole files.
 
-Documents are read, checked and typed by :mod:`materializer.sources.json_documents`, which the
+Documents are read, checked and typed by :mod:`materializer.sources.documents.reader`, which the
 kafka source's JSON payloads share.
 """
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from materializer.errors import ConfigError, SourceError
 from materializer.dead_letters import split
 from materializer.sources import Source, SourceBatch
-from materializer.sources.json_documents import DocumentReader, change_controlled, parse_schema
+from materializer.sources.documents.reader import DocumentReader, change_controlled, parse_schema
 from materializer.storage import FileInfo, Store, open_store
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ class DocumentsSource(Source):
             columns=self._columns,
         )
         change_controlled(reader, self.binding)
-        from materializer.sources.document_route import SMALL_EPOCH_BYTES, set_aside, validator
+        from materializer.sources.documents.route import SMALL_EPOCH_BYTES, set_aside, validator
         from materializer.spark.settings import ARROW_BATCHES_BY_RECORDS, session_confs
 
         small = sum(f.size for f in plan.files) + (plan.resume[0].size if plan.resume is not None else 0) < SMALL_EPOCH_BYTES
@@ -245,7 +245,7 @@ class DocumentsSource(Source):
         if aside is not None:
             # The documents not fast are checked (their VARIANT route, from the spool); the fast
             # ones need no check. The staging job judges the lines again, and routes the others.
-            from materializer.sources.document_route import marked_documents
+            from materializer.sources.documents.route import marked_documents
 
             count, schema = aside.documents, declared
             if aside.others is not None:
