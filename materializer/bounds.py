@@ -13,9 +13,11 @@ the session's time zone). Floating-point keys get none (NaN and -0.0 make bounds
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
-from materializer.delta import quote
+from materializer.delta import literal, quote
+from materializer.errors import RecoveryLogError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -54,16 +56,31 @@ def _as_text(column: "Column", kind: str) -> "Column":
     return column.cast("string")
 
 
+_HEX = re.compile(r"[0-9A-Fa-f]*")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,40}")
+_DECIMAL_KIND = re.compile(r"decimal\(([0-9]{1,2}),([0-9]{1,2})\)")
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,38}(\.[0-9]{1,38})?")
+
+
+class ForgedBound(RecoveryLogError):
+    """A bound (read back from the recovery log) that is not a value of its kind."""
+
+
 def _literal(text: str, kind: str) -> str:
-    if kind == "string":
+    """The bound as a SQL literal, from a typed value only: the recovery log's text is checked
+    against its kind, never spliced (issue #66 item 4: a forged bound gave ``OR true``)."""
+    text = str(text)
+    if kind == "string" and _HEX.fullmatch(text) and len(text) % 2 == 0:
         return f"CAST(X'{text}' AS STRING)"
-    if kind == "date":
-        return f"date_from_unix_date({int(text)})"
-    if kind == "timestamp":
-        return f"timestamp_micros({int(text)})"
-    if kind == "integer":
-        return str(int(text))
-    return f"CAST('{text}' AS {kind})"  # a decimal: digits, a sign and a point only
+    if kind in ("date", "timestamp", "integer") and _INTEGER.fullmatch(text):
+        number = int(text)
+        return {"date": f"date_from_unix_date({number})", "timestamp": f"timestamp_micros({number})"}.get(kind, str(number))
+    if _DECIMAL_KIND.fullmatch(kind) and _DECIMAL.fullmatch(text):
+        return f"CAST({literal(text)} AS {kind})"
+    raise ForgedBound(
+        f"a key bound {text!r} of kind {kind!r} is not a value of that kind; the recovery log entry that holds it "
+        "was edited or damaged: restore the log from its copy, or run `materializer recover` to rebuild it"
+    )
 
 
 def bound_aggregates(schema: Any, key: list[str]) -> tuple[list["Column"], dict[str, str]]:

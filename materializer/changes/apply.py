@@ -20,7 +20,7 @@ from materializer.changes.hidden import (
 from materializer.changes.scd2 import REMOVE, scd2_versions
 from materializer.columns import OP
 from materializer.config import BindingConfig
-from materializer.delta import quote
+from materializer.delta import literal, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -195,7 +195,7 @@ def _merge_field_sequences(
 
     picked = {c: pick(c) for c in fields}
     sets = [f"{q(c)} = {picked[c][0]}" for c in fields]
-    from_struct = "named_struct(" + ", ".join(f"'{c}', {picked[c][1]}" for c in fields) + ")" if fields else None
+    from_struct = "named_struct(" + ", ".join(f"{literal(c)}, {picked[c][1]}" for c in fields) + ")" if fields else None
     if from_struct is not None:
         sets.append(f"{q(FROM)} = {from_struct}")
     sets += [

@@ -23,6 +23,7 @@ from materializer.delta.names import (
     TXN_VERSION,
     USER_METADATA,
     parse_user_metadata,
+    literal,
     quote,
     sql_name,
     user_metadata,
@@ -52,7 +53,7 @@ from materializer.tables import TableRef
 __all__ = [
     "TXN_APP_ID", "TXN_VERSION", "USER_METADATA", "TableRef", "TableState", "TableWriters",
     "delta_rs_storage_options", "detail", "error_condition", "exists", "history", "is_commit_conflict",
-    "latest_version", "metadata_fingerprint", "parse_user_metadata", "quote", "read_table",
+    "latest_version", "metadata_fingerprint", "literal", "parse_user_metadata", "quote", "read_table",
     "read_txn_without_spark", "schema_and_properties", "sql_name", "table_identity", "table_location",
     "table_state", "table_version", "table_writers", "txn_version", "user_metadata", "writers_without_spark",
 ]

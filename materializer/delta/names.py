@@ -18,6 +18,17 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def literal(text: str) -> str:
+    """``text`` as a Spark SQL string literal: in single quotes, a backslash and a quote escaped.
+
+    Spark reads backslash escapes in string literals (``spark.sql.parser.escapedStringLiterals`` is
+    off by default), so the backslash is escaped first and the quote after it; adjacent literals
+    concatenate in Spark SQL, so a doubled quote (``''``) would not be one quote but two literals.
+    Every text from config or from data that becomes a SQL string goes through here (issue #66).
+    """
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def user_metadata(pipeline_id: str, binding: str, epoch: int) -> str:
     """The ``userMetadata`` of every commit we make: who wrote what (DESIGN invariant 7)."""
     return json.dumps({"materializer": {"pipeline": pipeline_id, "binding": binding, "epoch": epoch}}, sort_keys=True)
