@@ -14,3 +14,6 @@ SEQ = "_seq"
 """Order within the batch, any orderable Spark type, unique per document; later wins."""
 RESERVED = (OP, SEQ)
 """Names a document's own fields cannot take."""
+DELTA_INVALID = frozenset(" ,;{}()\n\t=`")
+"""Characters Delta refuses in column names (without column mapping), and the backtick: a field
+named with one is refused by every source before its epoch commits, never spliced into SQL."""

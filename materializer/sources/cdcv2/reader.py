@@ -24,7 +24,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from materializer.columns import OP, SEQ
+from materializer.columns import DELTA_INVALID, OP, SEQ
 from materializer.config import BindingConfig
 from materializer.errors import SourceError
 from materializer.sources import Source, SourceBatch
@@ -340,7 +340,7 @@ class CdcV2Reader(Source):
 
         first, end = plan.times[0], plan.frontier
         return SourceBatch(
-            documents=_dataframe(spark, spool_uri),
+            documents=_dataframe(spark, spool_uri, self.label),
             checkpoint={"frontier": end, **set_aside},
             count=plan.count,
             description=(
@@ -413,12 +413,41 @@ def _excerpt(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _dataframe(spark: "SparkSession", spool_uri: str) -> "DataFrame":
+def _refused_names(dtype: Any) -> list[str]:
+    """The dotted paths of the fields in ``dtype`` whose names Delta refuses (a walk with a stack
+    of its own: no recursion, whatever the depth)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    refused, stack = [], [("", dtype)]
+    while stack:
+        path, t = stack.pop()
+        if isinstance(t, StructType):
+            for f in t.fields:
+                where = f"{path}.{f.name}" if path else f.name
+                if not f.name or set(f.name) & DELTA_INVALID:
+                    refused.append(where)
+                stack.append((where, f.dataType))
+        elif isinstance(t, ArrayType):
+            stack.append((path + "[]", t.elementType))
+        elif isinstance(t, MapType):
+            stack.append((path + "{}", t.valueType))
+    return sorted(refused)
+
+
+def _dataframe(spark: "SparkSession", spool_uri: str, label: str) -> "DataFrame":
     from pyspark.sql import functions as F
 
     # Fields that are null in every row of the epoch are dropped rather than typed as strings;
     # the driver's alignment writes them as NULL with the table's own type.
     raw = spark.read.option("dropFieldIfAllNull", "true").json(spool_uri)
-    fields = [f.name for f in raw.schema["d"].dataType.fields]  # type: ignore[attr-defined]
-    columns: list["Column"] = [F.col(f"d.`{name}`").alias(name) for name in fields]
+    data = raw.schema["d"].dataType
+    refused = _refused_names(data)
+    if refused:
+        raise SourceError(
+            f"{label}: the rows' field(s) {', '.join(map(repr, refused))} have names Delta refuses (empty, or holding "
+            "one of space , ; { } ( ) = ` tab newline). Nothing of this epoch was committed; rename the column at the "
+            "source (for Materialize, in the view the sink reads) and run again"
+        )
+    # getField takes the name as it is: F.col("d.`…`") would parse it (a backtick, a dot).
+    columns: list["Column"] = [F.col("d").getField(f.name).alias(f.name) for f in data.fields]  # type: ignore[attr-defined]
     return raw.where(F.col(OP).isin("u", "d")).select(*columns, F.col(OP), F.col(SEQ).cast("long").alias(SEQ))
