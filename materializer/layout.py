@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from materializer.delta import error_condition, quote
+from materializer.delta import error_condition, literal, quote
 from materializer.tables import DELETION_VECTORS, retention_problem
 
 if TYPE_CHECKING:
@@ -45,14 +45,10 @@ def create_table_sql(
         layout = " PARTITIONED BY (" + ", ".join(quote(c) for c in binding.partition_by) + ")"
     elif binding.cluster_by:
         layout = " CLUSTER BY (" + ", ".join(quote(c) for c in binding.cluster_by) + ")"
-    properties = ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in table_properties(binding).items())
+    properties = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in table_properties(binding).items())
     select = ", ".join(quote(c) for c in columns)
     create = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
     return f"{create} {target} USING delta{layout} TBLPROPERTIES ({properties}) AS SELECT {select} FROM {quote(source_view)}"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def is_already_exists(exc: BaseException) -> bool:

@@ -21,7 +21,9 @@ def ddl(dtype: Any) -> str:
     from pyspark.sql.types import ArrayType, DecimalType, MapType, StringType, StructType
 
     if isinstance(dtype, StructType):
-        fields = ", ".join("`" + f.name.replace("`", "``") + "`: " + ddl(f.dataType) for f in dtype.fields)
+        from materializer.delta.names import quote
+
+        fields = ", ".join(quote(f.name) + ": " + ddl(f.dataType) for f in dtype.fields)
         return f"STRUCT<{fields}>"
     if isinstance(dtype, ArrayType):
         return f"ARRAY<{ddl(dtype.elementType)}>"

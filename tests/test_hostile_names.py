@@ -164,3 +164,22 @@ def test_hostile_field_names_of_cdcv2_statements(spark: Any, tmp_path: Any, name
     Runtime(config, spark).run()
     assert table_rows(spark, tmp_path / "table", ["id"]) == {(1,): rows[0]}
     assert delta_rs_rows(tmp_path / "table", ["id"]) == {(1,): rows[0]}
+
+
+def test_sql_text_is_quoted_by_one_pair_of_functions() -> None:
+    """Identifiers and string literals reach SQL text through materializer.delta.names only: no
+    module quotes a name or a text of its own (a second copy is where an escape gets forgotten)."""
+    import re
+
+    from tests.helpers import REPO
+
+    own_quoting = re.compile(r"""replace\(\s*["']`["']\s*,\s*["']``["']\s*\)|replace\(\s*["']'["']\s*,""")
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for folder in ("materializer", "cli")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path.relative_to(REPO).as_posix() != "materializer/delta/names.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if own_quoting.search(line)
+    ]
+    assert found == [], f"quote with materializer.delta.quote / literal instead: {found}"

@@ -80,8 +80,7 @@ def merge_sql(
     ``target_columns``: the table's (a column it lacks yet, say ``__sequence`` of a ``sequence_by``
     added later, reads as NULL: "a row stored before `sequence_by` was configured has no sequence")."""
 
-    def q(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
+    q = quote
 
     held = set(target_columns) if target_columns is not None else None
 
@@ -109,7 +108,7 @@ def merge_sql(
             reset = f"coalesce(s.{q(RESET)}, false)" if not sequenced else (
                 f"(s.{q(RESET)} IS NOT NULL AND ({t(SEQUENCE)} IS NULL OR s.{q(RESET)} >= {t(SEQUENCE)}))"
             )
-            kept = f"array_contains(s.{q(UNAVAILABLE)}, {_sql_text(c)}) AND NOT ({was_deleted} OR {reset})"
+            kept = f"array_contains(s.{q(UNAVAILABLE)}, {literal(c)}) AND NOT ({was_deleted} OR {reset})"
             return f"CASE WHEN {kept} THEN {t(c)} ELSE {stored_or_new(c)} END"
         return stored_or_new(c)
 
@@ -219,7 +218,3 @@ def _merge_field_sequences(
         clauses.append(f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)}")
     clauses.append(_insert(binding, columns, data, fields, is_delete, q))
     return f"MERGE{evolve} INTO {target} t USING {q(source_view)} s ON {condition} " + " ".join(clauses)
-
-
-def _sql_text(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -146,8 +146,7 @@ def scd2_merge_sql(
     """One MERGE per epoch: versions by (key, start) updated (closed, or changed in place),
     inserted, or removed (a stored version a same-start change replaced into a run)."""
 
-    def q(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
+    q = quote
 
     on = " AND ".join([f"t.{q(k)} = s.{q(k)}" for k in binding.key] + [f"t.{q(START_AT)} = s.{q(START_AT)}"]) + target_filter
     written = [c for c in columns if c != REMOVE and c not in binding.key and c != START_AT]

@@ -156,8 +156,7 @@ def merge_sql(
     ``target_filter``: `` AND …`` predicates on the target alone (the epoch's key bounds,
     :func:`materializer.bounds.bounds_condition`) that Delta uses to skip files."""
 
-    def q(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
+    q = quote
 
     condition = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key) + target_filter
     # Target columns unqualified: Delta resolves a column the MERGE adds (schema evolution) only so.
