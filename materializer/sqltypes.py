@@ -9,6 +9,10 @@ into its plain type, which the classic path writes too. So every cast whose type
 is given to ``Column.cast`` through :func:`plain`; and a column of ``mapInArrow``'s rows, whose
 types the client declares as objects (even from DDL text, which the Connect client parses first),
 is cast through :func:`plain` before it reaches a table.
+
+It is also the floor of every SQL text we write: :func:`quote` and :func:`literal` (re-exported
+by :mod:`materializer.delta`) are the only two ways a name or a text from config or from data
+becomes part of one (issue #66).
 """
 
 from __future__ import annotations
@@ -16,13 +20,26 @@ from __future__ import annotations
 from typing import Any
 
 
+def quote(name: str) -> str:
+    """``name`` as a SQL identifier: in backticks, a backtick inside doubled (```a``b```)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def literal(text: str) -> str:
+    """``text`` as a Spark SQL string literal: in single quotes, a backslash and a quote escaped.
+
+    Spark reads backslash escapes in string literals (``spark.sql.parser.escapedStringLiterals`` is
+    off by default), so the backslash is escaped first and the quote after it; adjacent literals
+    concatenate in Spark SQL, so a doubled quote (``''``) would not be one quote but two literals.
+    """
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def ddl(dtype: Any) -> str:
     """``dtype`` as Spark SQL DDL text, struct field names quoted."""
     from pyspark.sql.types import ArrayType, DecimalType, MapType, StringType, StructType
 
     if isinstance(dtype, StructType):
-        from materializer.delta.names import quote
-
         fields = ", ".join(quote(f.name) + ": " + ddl(f.dataType) for f in dtype.fields)
         return f"STRUCT<{fields}>"
     if isinstance(dtype, ArrayType):

@@ -167,7 +167,7 @@ def test_hostile_field_names_of_cdcv2_statements(spark: Any, tmp_path: Any, name
 
 
 def test_sql_text_is_quoted_by_one_pair_of_functions() -> None:
-    """Identifiers and string literals reach SQL text through materializer.delta.names only: no
+    """Identifiers and string literals reach SQL text through materializer.sqltypes only (re-exported by materializer.delta): no
     module quotes a name or a text of its own (a second copy is where an escape gets forgotten)."""
     import re
 
@@ -178,7 +178,7 @@ def test_sql_text_is_quoted_by_one_pair_of_functions() -> None:
         f"{path.relative_to(REPO)}:{n}"
         for folder in ("materializer", "cli")
         for path in sorted((REPO / folder).rglob("*.py"))
-        if path.relative_to(REPO).as_posix() != "materializer/delta/names.py"
+        if path.relative_to(REPO).as_posix() != "materializer/sqltypes.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if own_quoting.search(line)
     ]

@@ -5,28 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from materializer.sqltypes import literal, quote  # noqa: F401 - re-exported: the floor of all SQL text holds them
 from materializer.tables import TableRef
 
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-
-
-def quote(name: str) -> str:
-    """``name`` as a SQL identifier: in backticks, a backtick inside doubled (```a``b```)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def literal(text: str) -> str:
-    """``text`` as a Spark SQL string literal: in single quotes, a backslash and a quote escaped.
-
-    Spark reads backslash escapes in string literals (``spark.sql.parser.escapedStringLiterals`` is
-    off by default), so the backslash is escaped first and the quote after it; adjacent literals
-    concatenate in Spark SQL, so a doubled quote (``''``) would not be one quote but two literals.
-    Every text from config or from data that becomes a SQL string goes through here (issue #66).
-    """
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def user_metadata(pipeline_id: str, binding: str, epoch: int) -> str:
@@ -48,5 +33,5 @@ def parse_user_metadata(value: str | None) -> dict[str, Any] | None:
 def sql_name(table: TableRef) -> str:
     """The table as Delta's SQL names it: ``delta.`<path>``` or the catalog name as given."""
     if table.is_path:
-        return "delta.`" + table.location.replace("`", "``") + "`"
+        return "delta." + quote(table.location)
     return table.location
