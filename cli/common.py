@@ -2,7 +2,8 @@
 
 One Spark session builder (:func:`session`, over :func:`materializer.spark.config_session`), one way
 to fail (:func:`fail`: the error's message on stderr, its exit code), one way to print a command's
-result (:func:`output`: text, or JSON with ``--json``). Command modules import from here, never from
+result (:func:`output`: text, or JSON with ``--json``), each with every secret as ``***``
+(:mod:`materializer.redact`, docs: 'Secrets'). Command modules import from here, never from
 each other or from ``main`` (tests/test_cli_modules.py holds them to it).
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterable, NoReturn
 
 import typer
 
+from materializer import redact
 from materializer.config import DEFAULT_CONFIG
 from materializer.errors import MaterializerError
 
@@ -29,13 +31,13 @@ RemoteOption = typer.Option(
 
 def fail(exc: MaterializerError) -> NoReturn:
     """A user's error: one line on stderr, no traceback, the error's exit code."""
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    typer.secho(redact.text(f"error: {exc}"), fg=typer.colors.RED, err=True)
     raise typer.Exit(exc.exit_code)
 
 
 def echo_json(data: Any, *, indent: int | None = 2) -> None:
     """A command's ``--json`` output on stdout."""
-    typer.echo(json.dumps(data, indent=indent, default=str))
+    typer.echo(redact.text(json.dumps(redact.data(data), indent=indent, default=str)))
 
 
 def output(json_out: bool, data: Any, text: Callable[[], Iterable[str] | None], *, indent: int | None = 2) -> None:
@@ -45,7 +47,7 @@ def output(json_out: bool, data: Any, text: Callable[[], Iterable[str] | None], 
         echo_json(data, indent=indent)
         return
     for line in text() or ():
-        typer.echo(line)
+        typer.echo(redact.text(line))
 
 
 def fetch_report(line: str) -> None:

@@ -53,6 +53,10 @@ for command in (run, status, validate, schema, bench, drill, recover, backfill):
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from materializer import redact
+
+    # Every log line and traceback of this process with its secrets as *** (docs: 'Secrets').
+    redact.install()
     import warnings
 
     # pyspark's import-time advice about pandas 3 concerns its pandas API, which we do not use.

@@ -17,6 +17,10 @@ job").
 
 Outside Databricks (tests, a notebook, a laptop) the same function runs with whatever session is
 active, or builds a local one from the configuration like ``materializer run``.
+
+In the job, a configuration value may read a secret scope: ``${secret:scope/key}`` is
+``dbutils.secrets.get(scope, key)`` (:func:`secret_scopes`; docs: 'Secrets'); everything the job
+prints has its secrets as ``***``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from materializer.config import load_config
+from materializer import redact
+from materializer.config import SecretScopes, load_config, use_secret_scopes
 from materializer.errors import ConfigError, MaterializerError
 from materializer.progress import JsonLinesCollector, utc_now
 
@@ -75,11 +80,28 @@ def cluster_session(config: "PipelineConfig") -> "SparkSession":
     return active_session() or config_session(config)
 
 
+def secret_scopes() -> "SecretScopes | None":
+    """``dbutils.secrets.get`` on a Databricks runtime (which ships ``pyspark.dbutils``), for
+    ``${secret:scope/key}``; None elsewhere (such a reference is then refused, naming it)."""
+    try:
+        from pyspark.dbutils import DBUtils  # type: ignore[import-not-found]  # only on Databricks
+    except ImportError:
+        return None
+
+    def get(scope: str, key: str) -> str:
+        from materializer.spark import active_session
+
+        return DBUtils(active_session()).secrets.get(scope=scope, key=key)
+
+    return get
+
+
 def run(argv: Sequence[str]) -> "RunSummary":
     """Run the pipeline the parameters name; returns the summary (raises MaterializerError)."""
     from materializer.runtime import open_runtime
 
     args = parse_args(argv)
+    use_secret_scopes(secret_scopes())
     config = load_config(args.config)
     spark = cluster_session(config)
     return open_runtime(config, spark, _job_output()).run(follow=args.follow, max_epochs=args.max_epochs)
@@ -87,15 +109,16 @@ def run(argv: Sequence[str]) -> "RunSummary":
 
 def main() -> None:
     """The wheel task's entry point: parameters come in ``sys.argv[1:]``."""
+    redact.install()  # every line the run page shows, with its secrets as ***
     try:
         summary = run(sys.argv[1:])
     except MaterializerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print(redact.text(f"error: {exc}"), file=sys.stderr, flush=True)
         # A non-zero exit fails the task; the job's retry policy reruns it, and the rerun resumes
         # from the recovery log (terminal errors, e.g. a bad config, fail again the same way).
         raise SystemExit(exc.exit_code) from None
     # The same fields as `materializer run --json` and its `finished` event (RunSummary.to_dict).
-    print(json.dumps({"event": "finished", "at": utc_now(), **summary.to_dict()}, default=str), flush=True)
+    print(redact.text(json.dumps(redact.data({"event": "finished", "at": utc_now(), **summary.to_dict()}), default=str)), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from materializer import redact
 from materializer.events import Collector, Event, Progress
 
 NAMESPACE = "materializer"
@@ -56,25 +57,26 @@ class PrometheusCollector(Collector):
         if not isinstance(event, Progress):
             return
         record = event.record
-        p = self.pipeline_id
+        p = redact.text(self.pipeline_id)
         self.epochs.labels(p).inc()
         self.last_epoch.labels(p).set(record.epoch)
         self.last_applied.labels(p).set_to_current_time()  # the record arrives as the apply ends
         for phase, seconds in record.phase_seconds.items():
             self.phase.labels(p, phase).observe(seconds)
         for b in record.bindings:
-            self.documents.labels(p, b.binding).inc(b.documents)
+            name = redact.text(b.binding)  # labels, as every output, show no secret
+            self.documents.labels(p, name).inc(b.documents)
             if b.bytes_read is not None:
-                self.bytes_read.labels(p, b.binding).inc(b.bytes_read)
-            self.rows_staged.labels(p, b.binding).inc(b.rows_staged)
+                self.bytes_read.labels(p, name).inc(b.bytes_read)
+            self.rows_staged.labels(p, name).inc(b.rows_staged)
             for action, value in (("inserted", b.inserted), ("updated", b.updated), ("deleted", b.deleted)):
-                self.merge_rows.labels(p, b.binding, action).inc(value or 0)
+                self.merge_rows.labels(p, name, action).inc(value or 0)
             if b.status:
-                self.applies.labels(p, b.binding, b.status).inc()
+                self.applies.labels(p, name, b.status).inc()
             if b.lag_files is not None:
-                self.lag_files.labels(p, b.binding).set(b.lag_files)
+                self.lag_files.labels(p, name).set(b.lag_files)
             if b.lag_bytes is not None:
-                self.lag_bytes.labels(p, b.binding).set(b.lag_bytes)
+                self.lag_bytes.labels(p, name).set(b.lag_bytes)
         if self._textfile:
             self.write_textfile(self._textfile)
 

@@ -17,7 +17,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, TypeVar
 
-from materializer import events
+from materializer import events, redact
 from materializer.events import BindingProgress, Collector, EpochProgress, Event, NullCollector
 
 __all__ = [
@@ -274,7 +274,8 @@ class JsonLinesCollector(Collector):
     def emit(self, event: Event) -> None:
         if self.kinds is not None and event.kind not in self.kinds:
             return
-        line = json.dumps({"event": event.kind, "at": utc_now(), **event.to_record()}, default=str)
+        # Secrets never reach an event file (docs: 'Secrets'): a source's error can quote a URL.
+        line = redact.text(json.dumps(redact.data({"event": event.kind, "at": utc_now(), **event.to_record()}), default=str))
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()

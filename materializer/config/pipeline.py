@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from materializer import redact
 from materializer.config.base import Model
 from materializer.config.binding import BindingConfig
 from materializer.config.templates import BindingTemplate
@@ -65,7 +66,8 @@ class SparkConfig(Model):
     @classmethod
     def _remote_is_connect_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("sc://"):
-            raise ValueError(f"{value!r} is not a Spark Connect URL: expected sc://host:port")
+            # Shown redacted: a URL can carry its ;token=… (docs: 'Secrets').
+            raise ValueError(f"{redact.text(value)!r} is not a Spark Connect URL: expected sc://host:port")
         return value
 
 

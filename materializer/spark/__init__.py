@@ -49,7 +49,8 @@ from materializer.spark.packages import (
     ivy_cache,
     session_jars,
 )
-from materializer.spark.settings import BASE_CONF, S3A_CREDENTIALS_PROVIDERS, s3a_conf
+from materializer import redact
+from materializer.spark.settings import BASE_CONF, S3A_CREDENTIALS_PROVIDERS, s3a_conf, s3a_secrets, secret_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -128,13 +129,34 @@ def build_session(
         os.environ["PYSPARK_PYTHON"] = sys.executable
     if s3:
         settings.update(s3a_conf())
-    settings.update(conf or {})
+    # A secret of spark.conf is set once the JVM runs, never on its command line (docs: 'Secrets').
+    user_conf, secret = secret_conf(conf or {}, _is_secret)
+    settings.update(user_conf)
     user_options = settings.get("spark.driver.extraJavaOptions", "")
     settings["spark.driver.extraJavaOptions"] = " ".join(java_options + ([user_options] if user_options else []))
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = start_jvm(builder.getOrCreate, verbose=verbose, env=env)
+    hadoop = {k.removeprefix("spark.hadoop."): v for k, v in secret.items() if k.startswith("spark.hadoop.")}
+    if s3 and not master.startswith("local"):
+        # A cluster's executors do not inherit our environment: they get the keys with each job.
+        hadoop.update(s3a_secrets())
+    if hadoop:
+        hadoop_conf = session.sparkContext._jsc.hadoopConfiguration()
+        for key, value in hadoop.items():
+            hadoop_conf.set(key, value)
+    for key, value in secret.items():
+        if not key.startswith("spark.hadoop."):
+            session.conf.set(key, value)
     return session
+
+
+def _is_secret(key: str, value: str) -> bool:
+    """Whether the spark.conf entry ``key: value`` holds a secret (:mod:`materializer.redact`'s rule)
+    that can be set once the JVM runs: a Hadoop setting, or a SQL one. A secret in another Spark
+    setting (fixed at start-up) goes on the command line: give those in spark-defaults.conf."""
+    secret = bool(redact.SECRET_KEY.search(key)) or redact.text(value) != value
+    return secret and key.startswith(("spark.hadoop.", "spark.sql.", "spark.databricks."))
 
 
 def _spark_env_script() -> bool:

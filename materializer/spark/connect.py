@@ -16,7 +16,11 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
     when it starts), so ``conf`` keys other than ``spark.sql.*`` / ``spark.databricks.*`` are
     refused rather than silently ignored.
     """
+    from materializer import redact
     from materializer.errors import ConfigError
+
+    redact.remember_in(url)  # its ;token=…, whatever prints it next
+    shown = redact.text(url)
 
     # gRPC's fork handlers (on by default) restart its poller thread in a forked child, which
     # can crash the child before it execs when the fork closes the poller's descriptor (grpc
@@ -29,14 +33,14 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
         from pyspark.sql.connect.session import SparkSession as ConnectSession
     except ImportError as exc:
         raise ConfigError(
-            f"--remote {url}: the Spark Connect client is not installed ({exc}); "
+            f"--remote {shown}: the Spark Connect client is not installed ({exc}); "
             "install it with `pip install 'delta-materializer[connect]'`"
         ) from None
     fixed = sorted(k for k in (conf or {}) if not k.startswith(("spark.sql.", "spark.databricks.")))
     if fixed:
         raise ConfigError(
             f"spark.conf {fixed} cannot be set from a Spark Connect client: set them where the "
-            f"server at {url} is started"
+            f"server at {shown} is started"
         )
     # As pyspark's own builder does for a remote session: from now on this process is in Connect
     # mode, so ``functions.col`` & co. build Connect columns (classic ones need a local JVM).

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from materializer import redact
 from materializer.errors import StartupError
 
 if TYPE_CHECKING:
@@ -285,6 +286,8 @@ class _Relay:
 
     @staticmethod
     def _write(line: bytes) -> None:
+        # The JVM's own lines are redacted too (docs: 'Secrets'): a Kafka client logs its config.
+        line = redact.text(line.decode("utf-8", "replace")).encode("utf-8")
         try:
             os.write(2, line)
         except OSError:  # stderr closed: keep draining all the same

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -114,20 +114,20 @@ S3A_CREDENTIALS_PROVIDERS = (
 
 
 def s3a_conf(environ: "dict[str, str] | None" = None) -> dict[str, str]:
-    """s3a settings that follow the standard AWS environment, as boto3 does."""
+    """s3a settings that follow the standard AWS environment, as boto3 does.
+
+    Never the keys themselves: what a session is started with becomes ``--conf`` arguments of
+    spark-submit, on the JVM's command line (``/proc/<pid>/cmdline``, which every local user can
+    read). The JVM inherits this process's environment, and s3a's chain reads
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` from it (the SDK v2
+    ``EnvironmentVariableCredentialsProvider``); the executors of a cluster, which do not inherit
+    it, get the keys in the driver's Hadoop configuration once the JVM runs (:func:`s3a_secrets`)."""
     env = os.environ if environ is None else environ
     conf = {
         "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.s3a.aws.credentials.provider": ",".join(S3A_CREDENTIALS_PROVIDERS),
     }
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        # Also as plain s3a keys: the executors of a cluster do not inherit the driver's
-        # environment, but they do get the job's Hadoop configuration.
-        conf["spark.hadoop.fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
-        conf["spark.hadoop.fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
-        if env.get("AWS_SESSION_TOKEN"):
-            conf["spark.hadoop.fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if endpoint:
@@ -139,3 +139,27 @@ def s3a_conf(environ: "dict[str, str] | None" = None) -> dict[str, str]:
     if region:
         conf["spark.hadoop.fs.s3a.endpoint.region"] = region
     return conf
+
+
+def s3a_secrets(environ: "dict[str, str] | None" = None) -> dict[str, str]:
+    """The AWS keys of the environment as s3a's Hadoop settings (``fs.s3a.access.key`` …), for a
+    cluster's executors: set in the running driver's Hadoop configuration (never at start-up, see
+    :func:`s3a_conf`), which Spark ships with each job's tasks."""
+    env = os.environ if environ is None else environ
+    if not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+        return {}
+    out = {"fs.s3a.access.key": env["AWS_ACCESS_KEY_ID"], "fs.s3a.secret.key": env["AWS_SECRET_ACCESS_KEY"]}
+    if env.get("AWS_SESSION_TOKEN"):
+        out["fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
+    return out
+
+
+def secret_conf(conf: "dict[str, str]", is_secret: "Callable[[str, str], bool]") -> tuple[dict[str, str], dict[str, str]]:
+    """``conf`` split into what a session may start with and what is set once its JVM runs (the
+    entries ``is_secret(key, value)`` says hold a secret: on the command line, any local user could
+    read them). Each of the second kind must be a ``spark.hadoop.*`` setting (set in the driver's
+    Hadoop configuration) or one a running session takes (``spark.sql.*`` and the like)."""
+    start, later = {}, {}
+    for key, value in conf.items():
+        (later if is_secret(key, value) else start)[key] = value
+    return start, later

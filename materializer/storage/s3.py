@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
+from materializer import redact
 from materializer.errors import StorageError
 from materializer.storage import FileInfo, Store
 
@@ -223,7 +224,8 @@ class S3Store(Store):
             advice = "S3 kept failing after retries; nothing was half-written, so running again resumes where this run stopped"
         else:
             advice = "the request was rejected; fix the cause and run again"
-        return StorageError(f"S3 {action} {self._where(path)} failed: {detail}. {advice}", transient=transient)
+        # botocore's message quotes the endpoint URL, user:password@ and all (docs: 'Secrets').
+        return StorageError(redact.text(f"S3 {action} {self._where(path)} failed: {detail}. {advice}"), transient=transient)
 
     def _call(self, action: str, path: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
         """Run one S3 call; retry transient failures of idempotent calls, classify what remains."""

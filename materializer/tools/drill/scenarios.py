@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from materializer import __version__, crash
-from materializer.config import load_config, parse_config
+from materializer import __version__, crash, redact
+from materializer.config import load_config, parse_config, unresolve
 from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
 from materializer.tools.drill.damage import DAMAGES, do_damage
@@ -114,7 +114,9 @@ class Drill:
         data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote)
         self.config = parse_config(data, "drill scratch config")
         self.config_path = root / "pipeline.yaml"
-        self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        # With the references as the user wrote them, never their values (docs: 'Secrets'): the
+        # runs resolve them again from the environment they inherit.
+        self.config_path.write_text(yaml.safe_dump(unresolve(data), sort_keys=False))
         self._runs_in_round = 0
         self._stopped_by = ""  # (a failed run marks only its own round)
         self.collector.emit(RoundStarted(round=self.round_no, workdir=str(root)))
@@ -459,7 +461,7 @@ class Drill:
             # everything (tables, log, staging, each run's output) for the post-mortem.
             for round_dir in self.workdir.glob("round-*"):
                 shutil.rmtree(round_dir, ignore_errors=True)
-        path.write_text(json.dumps(self.report.to_json(), indent=2, default=str))
+        path.write_text(redact.text(json.dumps(redact.data(self.report.to_json()), indent=2, default=str)))
         return self.report
 
     def _plan_size(self) -> int:
