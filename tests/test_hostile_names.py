@@ -84,6 +84,7 @@ MODES = {
     "soft_delete_view": dict(soft_delete=True, view="default"),
     "reductions": dict(reductions={FIELDS[1]: "lastWriteWins"}, except_columns=[FIELDS[2]]),
     "delta_updates": dict(mode="delta_updates"),
+    "null_only_epoch": dict(sequence_by=["ts"], null_epoch=True),
     "scd2": dict(mode="scd2", sequence_by=["ts"], track_history=[FIELDS[0], FIELDS[1]], view="default"),
     # The key and the layout are named in config, and reach the MERGE's ON clause, its key bounds
     # and the table's DDL: a hostile key field, partitioned by a hostile field.
@@ -108,10 +109,13 @@ def test_hostile_field_names_land_as_data_on_every_mode(spark: Any, tmp_path: An
     if extra.get("view") == "default":
         extra["view"] = f"default.hostile_{uuid.uuid4().hex[:8]}"
     src, table = tmp_path / "src", tmp_path / "t"
+    null_epoch = extra.pop("null_epoch", False)
     for epoch in (1, 2):
         write_jsonl(src / f"{epoch}.jsonl", _hostile_docs(epoch, key))
+    if null_epoch:  # an epoch where every hostile field is null: typed VOID, then the table's type
+        write_jsonl(src / "3.jsonl", [{key: 3, "ts": 3, **{f: None for f in FIELDS}}])
     config = load_config(write_config(tmp_path, [binding("b", src, table, max_files=1, **extra)]))
-    assert Runtime(config, spark).run().last_epoch == 2
+    assert Runtime(config, spark).run().last_epoch == (3 if null_epoch else 2)
 
     got = spark.read.format("delta").load(str(table))
     shown = [f for f in FIELDS if f not in extra.get("except_columns", [])]
@@ -128,6 +132,8 @@ def test_hostile_field_names_land_as_data_on_every_mode(spark: Any, tmp_path: An
         assert sorted(live) == [1, 3, 4]
         first = "1-0" if mode == "sequence_ignore_nulls" else None
         assert live[1][FIELDS[0]] == first and live[1][FIELDS[3]] == "new-3"
+        if null_epoch:
+            assert all(live[3][f] is None for f in FIELDS)
     if "view" in extra:
         view_rows = {r[key]: r.asDict(recursive=True) for r in spark.table(extra["view"]).collect()}
         assert {k: {f: r[f] for f in shown} for k, r in view_rows.items()} == {k: {f: r[f] for f in shown} for k, r in live.items()}
@@ -183,3 +189,39 @@ def test_sql_text_is_quoted_by_one_pair_of_functions() -> None:
         if own_quoting.search(line)
     ]
     assert found == [], f"quote with materializer.delta.quote / literal instead: {found}"
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_hostile_debezium_column_names_with_placeholders_and_the_lsn(spark: Any, broker: Any, tmp_path: Any) -> None:
+    """Debezium's columns are named by the source database: an unavailable (TOASTed) value of a
+    hostile column keeps the stored value through the MERGE's placeholder test, in lsn order."""
+    import json
+
+    from materializer.config import load_config
+    from materializer.runtime import Runtime
+    from tests.helpers import delta_rs_rows, table_rows, write_config
+    from tests.test_kafka import kafka_binding
+
+    placeholder = "__debezium_unavailable_value"
+
+    def event(op: str, row: dict[str, Any], lsn: int) -> tuple[None, bytes, int]:
+        body = {"before": None, "after": row, "op": op, "source": {"lsn": lsn}, "ts_ms": 0}
+        return (None, json.dumps(body).encode(), 0)
+
+    broker.create_topic("hostile-dbz", 1)
+    broker.produce("hostile-dbz", [event("c", {"id": k, **{f: f"{k}-{i}" for i, f in enumerate(FIELDS)}}, 10) for k in (1, 2)])
+    extra = {"sequence_by": ["_meta.source.lsn"]}
+    config = load_config(write_config(tmp_path, [{**kafka_binding(broker, "d", "hostile-dbz", tmp_path / "t", payload="debezium"), **extra}]))
+    Runtime(config, spark).run()
+    broker.produce("hostile-dbz", [
+        event("u", {"id": 1, **{f: placeholder for f in FIELDS}}, 20),  # every hostile column unavailable: all kept
+        event("u", {"id": 2, FIELDS[0]: "late", **{f: None for f in FIELDS[1:]}}, 5),  # older lsn: changes nothing
+    ])
+    Runtime(config, spark).run()
+    expected = {k: {"id": k, **{f: f"{k}-{i}" for i, f in enumerate(FIELDS)}} for k in (1, 2)}
+    got = {k[0]: {c: v for c, v in r.items() if not c.startswith("__")} for k, r in table_rows(spark, tmp_path / "t", ["id"]).items()}
+    assert got == expected
+    assert {k: {c: v for c, v in r.items() if not c.startswith("__")} for k, r in delta_rs_rows(tmp_path / "t", ["id"]).items()} == {
+        (k,): r for k, r in expected.items()
+    }

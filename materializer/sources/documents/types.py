@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from materializer import sqltypes
+from materializer.sqltypes import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -85,8 +86,9 @@ def with_void(column: "Column", dtype: Any) -> "Column":
     if isinstance(dtype, T.StructType):
         for field in dtype.fields:
             if _holds_void(field.dataType):
-                # withField keeps a NULL struct NULL and replaces only this sub-field.
-                column = column.withField(field.name, with_void(column[field.name], field.dataType))
+                # withField keeps a NULL struct NULL and replaces only this sub-field; it parses
+                # its name as a path (``a.b`` is b inside a), so the name goes in backticks.
+                column = column.withField(quote(field.name), with_void(column[field.name], field.dataType))
         return column
     if isinstance(dtype, T.ArrayType) and _holds_void(dtype.elementType):
         return F.transform(column, lambda element: with_void(element, dtype.elementType))
