@@ -203,7 +203,7 @@ def install() -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, LogFilter) for f in handler.filters):
             handler.addFilter(log_filter)
-    for name in ("materializer", "py4j", "pyspark"):
+    for name in ("materializer", "pyspark"):  # (the root's handlers see every other logger's records)
         logger = logging.getLogger(name)
         if not any(isinstance(f, LogFilter) for f in logger.filters):
             logger.addFilter(log_filter)
