@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from materializer.columns import RESERVED
-from materializer.sources.json_text import parse_one
+from materializer.sources.json_text import deep_column, depth_problem, parse_one
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -69,7 +69,9 @@ def statements(lines: "DataFrame", keys: list[str]) -> "DataFrame":
     )
     return lines.select(
         *lines.columns,
-        F.when(
+        # A statement too deep is never parsed (json_text.MAX_DEPTH): named first.
+        F.when(v.isNull() & deep_column(F.col("value")), depth_problem(F.col("value"), "statement"))
+        .when(
             v.isNull() & F.try_parse_json("value").isNotNull(),
             F.lit("more than one JSON value, or text after the statement's value: one statement per line"),
         )

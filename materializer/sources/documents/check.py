@@ -184,7 +184,10 @@ def _compile(
     # what the decoder dropped (a key's earlier twin, an unknown _meta field).
     encode = msgspec.json.Encoder().encode
     doubles = "double" in schema_json
-    errors = (msgspec.DecodeError, msgspec.ValidationError)
+    # RecursionError: msgspec's own limit, on a value nested past Python's recursion limit where a
+    # DECIMAL is declared (taken Raw, at any depth): not fast, so the VARIANT route refuses it
+    # (json_text.MAX_DEPTH) instead of the executor's Python failing the job.
+    errors = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
     astuple = msgspec.structs.astuple
     # Without nested values or names holding ":", the keys kept are the top level's fields that

@@ -19,6 +19,7 @@ from materializer.columns import SEQ
 from materializer.sources.documents.schema import kinds_of, misfit
 from materializer.sources.documents.shapes import against_declared, conflict, merge_shapes, shape_problems
 from materializer.sources.documents.variant_shape import Shape, parse_shape
+from materializer.sources.json_text import too_deep
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -54,8 +55,9 @@ def why(text: str, problems: list[str] | None, declared: "StructType | None") ->
     """The problem of one bad line, worded from its own content where the driver can parse it."""
     if declared is not None:
         try:
-            doc = json.loads(text)
-        except ValueError:
+            # A text too deep is never parsed here either: json.loads recurses once per level.
+            doc = None if too_deep(text) else json.loads(text)
+        except (ValueError, RecursionError):
             doc = None
         if isinstance(doc, dict):
             found = misfit(doc, kinds_of(declared), "")

@@ -11,6 +11,7 @@ from materializer import sqltypes
 from materializer.columns import OP, SEQ
 from materializer.sources.documents.shapes import join_path
 from materializer.sources.documents.types import cast_type
+from materializer.sources.json_text import deep_column, depth_problem
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -59,6 +60,11 @@ def problem_column(
             "JSON Lines does not allow one: save the file as UTF-8 without a BOM",
         ),
         (
+            # Never parsed (json_text.MAX_DEPTH): named before the rules below parse the text.
+            v.isNull() & deep_column(value),
+            depth_problem(value),
+        ),
+        (
             # Valid JSON to Spark's parser, which stops after the first value (json_text).
             v.isNull() & F.try_parse_json(value).isNotNull(),
             "more than one JSON value, or text after the document's value: a document must be one JSON object "
@@ -69,7 +75,7 @@ def problem_column(
             # Spark's parser refuses an object holding one key twice (which value is meant?): named
             # here, since such a line looks like valid JSON to a reader.
             "not valid JSON, or beyond what Spark's JSON parser reads (a string over 20 MB or a document over "
-            "16 MB, nesting deeper than 1000, a number of about 1000 digits), or an object holds one key twice; "
+            "16 MB, a number of about 1000 digits), or an object holds one key twice; "
             "Spark cannot read it, so it cannot land",
         ),
         # Valid JSON that no struct cast takes: an array or a scalar.

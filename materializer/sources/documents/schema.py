@@ -9,6 +9,7 @@ from materializer.columns import RESERVED
 from materializer.errors import ConfigError
 from materializer.sources.documents.shapes import shape_problems
 from materializer.sources.documents.variant_shape import Shape
+from materializer.sources.json_text import MAX_DEPTH
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,6 +25,14 @@ _NUMBER = (int, float)  # bool is not among them: type(True) is bool, and exact 
 
 
 def parse_schema(spark: "SparkSession", ddl: str, binding: Any) -> "StructType":
+    depth = ddl_depth(ddl)
+    if depth > MAX_DEPTH:
+        # Before Spark's parser (which recurses per level) and every walk of the type after it.
+        raise ConfigError(
+            f"binding {binding.name!r}: source.schema nests {depth} levels deep (the document, then each STRUCT, "
+            f"ARRAY or MAP inside); at most {MAX_DEPTH} levels are supported, as documents deeper are refused. "
+            "Declare the deep part as a STRING (it keeps any JSON as its text)."
+        )
     try:
         schema = spark.createDataFrame([], ddl).schema
     except Exception as exc:  # noqa: BLE001 - Spark's parse error, shortened
@@ -42,6 +51,31 @@ def parse_schema(spark: "SparkSession", ddl: str, binding: Any) -> "StructType":
     for problem in shape_problems(_shape_of(schema)):
         raise ConfigError(f"binding {binding.name!r}: source.schema: {problem}")
     return schema
+
+
+def ddl_depth(ddl: str) -> int:
+    """How deep a document of the DDL's type nests (as :func:`materializer.sources.json_text.nesting_depth`
+    counts a document's): 1, and one more per ``<`` open at once, outside quoted names and strings.
+    No recursion: any text is measured."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for char in ddl:
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote != "`":
+                escaped = True
+            elif char == quote:
+                quote = ""  # a doubled backtick closes and opens again: the same
+        elif char in "`'\"":
+            quote = char
+        elif char == "<":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ">":
+            depth -= 1
+    return 1 + deepest
 
 
 def _shape_of(dtype: Any) -> Shape:
