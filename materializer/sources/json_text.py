@@ -108,8 +108,8 @@ def depth_problem(text: "Column", what: str = "document") -> "Column":
     return F.concat(
         F.lit(f"the {what} is nested "), depth_column(text).cast("string"),
         F.lit(
-            f" levels deep (objects and arrays); at most {MAX_DEPTH} levels are supported, as Spark does not "
-            "survive deeper ones: flatten it, or keep the deep part as a JSON string"
+            f" levels deep (objects and arrays); at most {MAX_DEPTH} levels are supported (Spark, Delta and "
+            "delta-rs fail on deeper ones): flatten it, or keep the deep part as a JSON string"
         ),
     )
 
