@@ -65,6 +65,15 @@ class StorageError(MaterializerError):
         self.transient = transient
 
 
+class UnsafePathError(StorageError):
+    """A path handed to a store would leave its root (absolute, ``..``, a scheme, an encoded form) or
+    pass through a symbolic link: refused before anything was deleted, nothing under a link touched."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class ApplyError(MaterializerError):
     """Delta refused a committed epoch's rows (not a concurrent commit): the pipeline is stuck on it
     until the table is fixed or the epoch is set aside with ``materializer recover --skip-epoch``."""

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from materializer.errors import FencedError, RecoveryLogError
 from materializer.protocol import DriverCheckpoint, RuntimeCheckpoint
-from materializer.storage import Store
+from materializer.storage import Store, unsafe_reason
 
 ENTRIES = "entries"
 FAILURES = "failures"
@@ -91,9 +91,33 @@ def decode(data: bytes, where: str) -> LogEntry:
             f"recovery log entry {where} fails its checksum (expected {expected}, found {actual}): {advice}"
         )
     try:
-        return LogEntry.model_validate(body)
+        entry = LogEntry.model_validate(body)
     except ValidationError as exc:
         raise RecoveryLogError(f"recovery log entry {where} has an unexpected shape: {exc}") from None
+    _check_staged_uris(entry, where)
+    return entry
+
+
+def _check_staged_uris(entry: LogEntry, where: str) -> None:
+    """Refuse an entry naming a staged file outside the staging area's ``staged/`` folder before
+    anything uses it: a staged file is deleted once applied, so ``../../victim``, ``/etc/x``,
+    ``file:///x`` or ``%2e%2e/x`` must never get that far (docs: 'Clean-up stays in the staging area')."""
+    checkpoint = entry.driver_checkpoint
+    if checkpoint is None:
+        return
+    named = [(f"staged.{b}", f) for b, f in checkpoint.staged.items() if f is not None]
+    named += [(f"dead_letters.{b}", f) for b, f in checkpoint.dead_letters.items()]
+    for field, staged in named:
+        # staged/: materializer.staging.STAGED, where every dataset the area makes lives.
+        reason = unsafe_reason(staged.uri, under="staged")
+        if reason is not None:
+            raise RecoveryLogError(
+                f"recovery log entry {where} (epoch {entry.epoch}) names the staged file {staged.uri!r} in "
+                f"driver_checkpoint.{field}, and {reason}: no version of the materializer writes that, so the entry "
+                "was changed by hand or damaged. Nothing was deleted or applied. Stop the pipeline and run "
+                "`materializer recover --config F`, which keeps the entry's bytes and replaces it (docs: "
+                "'Recovering from damage')."
+            )
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from materializer import sqltypes
 from materializer.bounds import bound_aggregates, bounds_from
 from materializer.delta import quote
-from materializer.errors import StagingError, TableStateError
+from materializer.errors import RecoveryLogError, StagingError, TableStateError, UnsafePathError
 from materializer.protocol import DriverCheckpoint, StagedFile
 from materializer.spark import is_connect
 from materializer.storage import Store as FileStore
+from materializer.storage import unsafe_reason
 
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ class StagingArea:
         """The store holding ``staged``: this pipeline's area, or for an entry committed by a version
         before the per-pipeline areas (an upgrade between its log commit and its apply), the
         staging folder itself, where that version staged."""
+        checked(staged)
         if self.store.list(staged.uri) or self.legacy_root is None:
             return self.store
         from materializer.storage import open_store
@@ -151,7 +153,11 @@ class StagingArea:
     def found(self, staged: StagedFile, store: FileStore | None = None) -> tuple[int, int]:
         """The data files and bytes of ``staged`` there now (the checkpoint records what was written)."""
         files, size = 0, 0
-        for info in (store or self.store).list(staged.uri):
+        listing = (store or self.store).scan(checked(staged))
+        if listing.links:
+            # Spark would read through a link (a file of anyone's choosing): damage, never data.
+            return -len(listing.links), 0
+        for info in listing.files:
             if is_data_file(info.path):
                 files += 1
                 size += info.size
@@ -169,6 +175,8 @@ class StagingArea:
         files, size = self.found(staged, store)
         if (files, size) != (staged.files, staged.bytes):
             found = "nothing" if files == 0 else f"{files} files, {size} bytes"
+            if files < 0:
+                found = f"{-files} symbolic link(s) among its files, which are never read"
             if files == 0 and not table_exists:
                 # Staged files are deleted only after every table recorded the epoch: a missing
                 # table with no staged file is most likely a table deleted after the apply.
@@ -202,12 +210,12 @@ class StagingArea:
         for staged in files:
             if staged is not None:
                 self._schemas.pop(staged.uri, None)
-                self.store.delete_prefix(staged.uri)
+                self.store.delete_prefix(checked(staged))
 
     def delete_applied(self, staged: StagedFile) -> None:
         """Delete an applied epoch's dataset (wherever it was staged: see :meth:`store_of`)."""
         self._schemas.pop(staged.uri, None)
-        self.store_of(staged).delete_prefix(staged.uri)
+        self.store_of(staged).delete_prefix(checked(staged))
 
     def delete_spool(self, writer: str, epoch: int | None = None) -> None:
         self.store.delete_prefix(self.spool(writer, epoch))
@@ -218,10 +226,26 @@ class StagingArea:
         keep = set() if checkpoint is None else {f.uri for f in checkpoint.staged.values() if f is not None}
         keep |= set() if checkpoint is None else {f.uri for f in checkpoint.dead_letters.values()}
         deleted, kept = [], []
+        self._refuse_links()
         for info in self.store.list(STAGED):
             (kept if dataset_of(info.path) in keep else deleted).append(info.path)
         deleted += [f.path for prefix in SCRATCH for f in self.store.list(prefix)]
         return deleted, kept
+
+    def _refuse_links(self) -> None:
+        """Stop if the area holds a symbolic link anywhere: staged files and spools are written and
+        deleted through its folders, so a linked ``spool/`` (or ``staged/``, an epoch's folder, a
+        dataset's file) would have them written, read or deleted wherever it points."""
+        links = self.store.scan().links
+        if links:
+            shown = "; ".join(link.describe() for link in links[:3]) + (f"; and {len(links) - 3} more" if len(links) > 3 else "")
+            raise UnsafePathError(
+                f"staging area {self.store.uri} holds symbolic links ({shown}). The materializer never follows a link "
+                "in its staging area nor deletes one it did not make: nothing was deleted, and nothing a link points to "
+                "was touched. Remove the links (to put staging on another disk, point `staging` at it instead), then run "
+                "again.",
+                path=links[0].path,
+            )
 
     def delete_unreferenced(self, checkpoint: DriverCheckpoint | None, fence_check: Callable[[], None]) -> tuple[int, int]:
         """Delete what :meth:`open_cleans` lists (Flink's abort of the in-doubt); the number of files
@@ -242,6 +266,19 @@ class StagingArea:
         for folder in datasets + list(SCRATCH):
             self.store.prune_empty(folder)  # not delete_prefix: files listed after the check stay
         return len(orphans), len(datasets)
+
+
+def checked(staged: StagedFile) -> str:
+    """``staged``'s path, once it is known to be a dataset inside the area's ``staged/`` folder (what
+    :meth:`StagingArea.dataset_path` makes); else RecoveryLogError: the log is where it came from."""
+    reason = unsafe_reason(staged.uri, under=STAGED)
+    if reason is not None:
+        raise RecoveryLogError(
+            f"a committed recovery log entry names the staged file {staged.uri!r}, and {reason}: no version of the "
+            "materializer writes that, so the entry was changed by hand or damaged. Nothing was deleted or applied. "
+            "Stop the pipeline and run `materializer recover --config F` (docs: 'Recovering from damage')."
+        )
+    return staged.uri
 
 
 def _void_as_string(dtype: Any) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Literal
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,33 @@ class FileInfo:
     """Path relative to the store's root, with '/' separators."""
     size: int
     """Size in bytes."""
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    path: str
+    """Path of the symbolic link relative to the store's root, with '/' separators."""
+    target: str
+    """What the link says it points to (``os.readlink``), as written in it."""
+    kind: Literal["file", "folder", "dangling", "other"]
+    """What the target is now: a regular file, a folder, nothing (or a loop of links), anything else."""
+    size: int = 0
+    """The target's size in bytes, for a file."""
+
+    def describe(self) -> str:
+        what = {"file": "a file", "folder": "a folder", "dangling": "nothing", "other": "neither a file nor a folder"}
+        return f"{self.path} -> {self.target} ({what[self.kind]})"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What :meth:`Store.scan` found below a prefix: the files, and the symbolic links apart."""
+
+    files: list[FileInfo]
+    """Every regular file, sorted by path; never a link, never a file reached through one."""
+    links: list[LinkInfo]
+    """Every symbolic link met (to a file or a folder, dangling or not), sorted by path; none was
+    followed. A prefix that is itself a link, or lies under one, is the one link listed."""
 
 
 class Store(ABC):
@@ -44,7 +71,12 @@ class Store(ABC):
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[FileInfo]:
-        """Every file below ``prefix`` (recursively), sorted by path."""
+        """Every file below ``prefix`` (recursively), sorted by path; a symbolic link is never
+        listed nor followed (see :meth:`scan`)."""
+
+    def scan(self, prefix: str = "") -> Listing:
+        """:meth:`list`, with the symbolic links met apart (a store without links has none)."""
+        return Listing(self.list(prefix), [])
 
     @abstractmethod
     def delete(self, path: str) -> None:
@@ -66,6 +98,7 @@ class Store(ABC):
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every file below ``prefix``; returns how many were deleted."""
+        check_relative(prefix, "delete", empty=True)
         files = self.list(prefix)
         for info in files:
             self.delete(info.path)
@@ -81,6 +114,51 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+_ENCODED = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
+
+
+def unsafe_reason(path: str, *, under: str | None = None) -> str | None:
+    """Why ``path`` could name something outside a store's root (or outside its folder ``under``),
+    or None if it cannot.
+
+    One rule for every store (local folders and S3 keys alike, though S3 has no folders to leave):
+    refused are an absolute path (``/x``, ``\\x``, ``C:x``), a URI (``file:///x``, ``s3://b/k``), a
+    ``.`` or ``..`` segment anywhere (``a/../../x``), a backslash, a NUL, and the URL-encoded forms
+    of a dot, a slash, a backslash or a NUL (``%2e%2e/x``), which a decoder on the way might turn into
+    them. No path the materializer makes has any of these.
+    """
+    if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
+        return "it is absolute"
+    if _SCHEME.match(path.split("/", 1)[0]):
+        return "it is a URI, not a path inside the store"
+    if "\\" in path or "\0" in path:
+        return "it holds a backslash or a NUL"
+    if _ENCODED.search(path):
+        return "it holds a URL-encoded dot, slash, backslash or NUL"
+    if any(p in (".", "..") for p in path.split("/")):
+        return "it holds a '.' or '..' segment"
+    if under is not None and not path.startswith(under.rstrip("/") + "/"):
+        return f"it is not inside the {under}/ folder"
+    return None
+
+
+def check_relative(path: str, doing: str, *, empty: bool = False) -> list[str]:
+    """``path``'s segments, once :func:`unsafe_reason` finds nothing; else UnsafePathError.
+    ``empty``: the root itself (``""``) is allowed."""
+    reason = "it is empty (the store's root itself)" if path == "" and not empty else unsafe_reason(path)
+    if reason is not None:
+        from materializer.errors import UnsafePathError
+
+        raise UnsafePathError(
+            f"refused to {doing} {path!r}: {reason}, so it could name something outside the store's root. "
+            "Nothing was deleted. Paths come from the materializer itself or from its recovery log: if the log "
+            "holds this one, it was changed by hand or damaged (run `materializer recover --config F`, docs: "
+            "'Recovering from damage').",
+            path=path,
+        )
+    return [p for p in path.split("/") if p != ""]
 
 
 def is_s3(uri: str) -> bool:

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from materializer import redact
 from materializer.errors import StorageError
-from materializer.storage import FileInfo, Store
+from materializer.storage import FileInfo, Store, check_relative
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient as S3Client
@@ -348,10 +348,12 @@ class S3Store(Store):
         return sorted(out, key=lambda f: f.path)
 
     def delete(self, path: str) -> None:
+        check_relative(path, "delete")  # keys are flat, but a `..` may be resolved by a reader on the way
         # DELETE of a missing key succeeds on S3: "already gone" needs no special case.
         self._call("DELETE", path, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(path)))
 
     def delete_prefix(self, prefix: str) -> int:
+        check_relative(prefix, "delete", empty=True)
         objects = list(self._objects(prefix))
         keys = [obj["Key"] for obj in objects]  # folder markers too, so nothing is left behind
         for start in range(0, len(keys), DELETE_BATCH):
