@@ -307,7 +307,7 @@ def discover(config: PipelineConfig, listings: dict[Any, list[str]] | None = Non
         if source.topic_pattern is not None:
             out[index] = sorted(t for t in _listing(template, index, listings) if values_for(template, t) is not None)
         else:
-            out[index] = sub_folders(source.folders_in or "", f"templates[{index}].source.folders_in")
+            out[index] = sub_folders(source.folders_in or "", f"templates[{index}].source.folders_in", follow_links=source.follow_links)
     return out
 
 
@@ -352,15 +352,26 @@ def list_topics(bootstrap: str, client_options: dict[str, str], where: str, time
     return sorted(metadata.topics)
 
 
-def sub_folders(root: str, where: str) -> list[str]:
+def sub_folders(root: str, where: str, *, follow_links: bool = False) -> list[str]:
     """The sub-folders of ``root`` (local, or an S3 prefix: the first part of its keys), without
-    hidden ones (``.``, ``_``: Spark's and editors' own)."""
+    hidden ones (``.``, ``_``: Spark's and editors' own). A link to a folder stops the listing (a
+    binding would read wherever it points), unless the template's source sets ``follow_links``."""
     path = local_path(root)
     if path is not None:
         try:
-            names = [e.name for e in os.scandir(path) if e.is_dir()]
+            entries = [e for e in os.scandir(path) if e.is_dir() and not e.name.startswith((".", "_"))]
         except FileNotFoundError:
             raise SourceError(f"{where}: the folder {root} does not exist; create it, or fix folders_in") from None
+        linked = [e for e in entries if e.is_symlink()]
+        if linked and not follow_links:
+            shown = ", ".join(f"{e.name} -> {os.readlink(e.path)}" for e in linked[:3])
+            raise SourceError(
+                f"{where}: {root} holds symbolic link(s) to folders ({shown}); a binding made from one would read "
+                "wherever it points, so links are not followed unless the template's source sets follow_links: true "
+                "(its files are then read as any folder's: links among them by the same rule). Replace the link with "
+                "the folder, or rename it to start with '_'; nothing was read."
+            )
+        names = [e.name for e in entries]
     else:
         names = list({f.path.split("/", 1)[0] for f in open_store(root).list() if "/" in f.path})
     return sorted(n for n in names if not n.startswith((".", "_")))

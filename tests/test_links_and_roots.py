@@ -238,3 +238,165 @@ def test_a_staging_root_that_is_itself_a_link_is_the_configured_folder(world: di
     store = LocalStore(str(linked))
     assert [f.path for f in store.list()] == ["spool/w1/x.jsonl"]
     assert store.delete_prefix("spool/w1") == 1 and not (real / "spool" / "w1").exists()
+
+
+# --- item 3: links in a source folder ------------------------------------------------------------
+
+
+def documents_source(tmp_path: Path, **options: Any) -> Any:
+    from materializer.config import BindingConfig
+    from materializer.sources.documents.source import DocumentsSource
+
+    (tmp_path / "src").mkdir(parents=True, exist_ok=True)
+    binding = BindingConfig.model_validate({
+        "name": "b", "source": {"format": "documents", "path": str(tmp_path / "src"), **options},
+        "table": str(tmp_path / "t"), "key": ["id"],
+    })
+    return DocumentsSource(binding, LocalStore(str(tmp_path / "staging")))
+
+
+def cdcv2_source(tmp_path: Path, **options: Any) -> Any:
+    from materializer.config import BindingConfig
+    from materializer.sources.cdcv2.source import CdcV2Source
+
+    (tmp_path / "src").mkdir(parents=True, exist_ok=True)
+    binding = BindingConfig.model_validate({
+        "name": "b", "source": {"format": "cdcv2", "path": str(tmp_path / "src"), **options},
+        "table": str(tmp_path / "t"), "key": ["id"],
+    })
+    return CdcV2Source(binding, LocalStore(str(tmp_path / "staging")))
+
+
+def outside(tmp_path: Path) -> dict[str, Path]:
+    """Targets outside the source folder: a data file, a secrets file, a folder of data."""
+    return {
+        "data": write(tmp_path / "elsewhere" / "rows.jsonl", '{"id": 99}\n'),
+        "secret": write(tmp_path / "secrets" / "token", "s3cr3t\n"),
+        "folder": write(tmp_path / "elsewhere" / "more" / "x.jsonl", '{"id": 98}\n').parent,
+    }
+
+
+def names(files: list[Any]) -> list[str]:
+    return [f.path for f in files]
+
+
+@pytest.mark.parametrize("kind", ["data", "secret", "folder", "dangling", "inside"])
+def test_a_link_the_documents_source_would_read_stops_the_run_naming_it(tmp_path: Path, kind: str) -> None:
+    src = documents_source(tmp_path)
+    write(tmp_path / "src" / "a.jsonl", '{"id": 1}\n')
+    targets = {**outside(tmp_path), "dangling": tmp_path / "gone.jsonl", "inside": tmp_path / "src" / "a.jsonl"}
+    (tmp_path / "src" / "b.jsonl").symlink_to(targets[kind])
+    with pytest.raises(SourceError) as refused:
+        src.listing()
+    message = str(refused.value)
+    assert f"b.jsonl -> {targets[kind]}" in message and "follow_links: true" in message
+    assert refused.value.file == f"{tmp_path / 'src'}/b.jsonl"
+
+
+def test_links_the_documents_source_never_reads_by_name_are_passed_over(tmp_path: Path) -> None:
+    src = documents_source(tmp_path)
+    targets = outside(tmp_path)
+    write(tmp_path / "src" / "a.jsonl", '{"id": 1}\n')
+    (tmp_path / "src" / "_latest.jsonl").symlink_to(tmp_path / "src" / "a.jsonl")
+    (tmp_path / "src" / ".hidden.jsonl").symlink_to(targets["secret"])
+    (tmp_path / "src" / "notes.txt").symlink_to(targets["secret"])
+    (tmp_path / "src" / "sub").symlink_to(targets["folder"], target_is_directory=True)
+    (tmp_path / "src" / "real").mkdir()
+    (tmp_path / "src" / "real" / "c.jsonl").symlink_to(targets["data"])  # a sub-folder's: never a document
+    _store, files, legacy = src.listing()
+    assert names(files) == ["a.jsonl"] and "sub/x.jsonl" not in names(legacy)
+
+
+def test_follow_links_reads_links_to_files_by_their_name_and_still_stops_at_folders(tmp_path: Path) -> None:
+    targets = outside(tmp_path)
+    src = documents_source(tmp_path, follow_links=True)
+    write(tmp_path / "src" / "a.jsonl", '{"id": 1}\n')
+    (tmp_path / "src" / "b.jsonl").symlink_to(targets["data"])
+    (tmp_path / "src" / "c.jsonl").symlink_to(tmp_path / "src" / "a.jsonl")
+    _store, files, _legacy = src.listing()
+    assert [(f.path, f.size) for f in files] == [("a.jsonl", 10), ("b.jsonl", 11), ("c.jsonl", 10)]
+    for name, target in (("d.jsonl", targets["folder"]), ("e.jsonl", tmp_path / "gone")):
+        (tmp_path / "src" / name).symlink_to(target)
+        with pytest.raises(SourceError, match=f"{name} -> .*follow_links reads links to files only"):
+            src.listing()
+        (tmp_path / "src" / name).unlink()
+
+
+def test_a_loop_of_folder_links_is_never_walked(tmp_path: Path) -> None:
+    src = cdcv2_source(tmp_path, follow_links=True)
+    write(tmp_path / "src" / "a.json", '{"progress": {"lower": [0], "upper": [1], "counts": []}}\n')
+    (tmp_path / "src" / "_loop").symlink_to(tmp_path / "src", target_is_directory=True)  # named to be skipped
+    assert [name for name, _ in src._listing()] == ["a.json"]
+    (tmp_path / "src" / "loop").symlink_to(tmp_path / "src", target_is_directory=True)
+    with pytest.raises(SourceError, match="loop -> .*a folder"):
+        src._listing()
+
+
+@pytest.mark.parametrize("where", ["top", "sub-folder", "linked sub-folder"])
+def test_a_link_in_a_cdcv2_folder_stops_the_run_unless_followed(tmp_path: Path, where: str) -> None:
+    targets = outside(tmp_path)
+    write(tmp_path / "src" / "a.json", '{"progress": {"lower": [0], "upper": [1], "counts": []}}\n')
+    link = {"top": tmp_path / "src" / "b.json", "sub-folder": tmp_path / "src" / "sub" / "b.json",
+            "linked sub-folder": tmp_path / "src" / "sub"}[where]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(targets["folder"] if where == "linked sub-folder" else targets["secret"])
+    with pytest.raises(SourceError, match="symbolic link"):
+        cdcv2_source(tmp_path)._listing()
+    followed = cdcv2_source(tmp_path, follow_links=True)
+    if where == "linked sub-folder":
+        with pytest.raises(SourceError, match="never walked into"):
+            followed._listing()
+    else:
+        assert os.path.relpath(link, tmp_path / "src") in [name for name, _ in followed._listing()]
+
+
+def test_follow_links_is_for_folders_of_files_only() -> None:
+    from materializer.config import BindingConfig
+
+    with pytest.raises(ValueError, match="follow_links is for the documents and cdcv2 formats"):
+        BindingConfig.model_validate({
+            "name": "b", "table": "t", "key": ["id"],
+            "source": {"format": "kafka", "bootstrap_servers": "h:9092", "topic": "t", "follow_links": True},
+        })
+
+
+def test_a_linked_sub_folder_is_no_templates_binding_unless_followed(tmp_path: Path) -> None:
+    from materializer.templates import sub_folders
+
+    targets = outside(tmp_path)
+    (tmp_path / "root" / "orders").mkdir(parents=True)
+    (tmp_path / "root" / "stolen").symlink_to(targets["folder"], target_is_directory=True)
+    with pytest.raises(SourceError, match="stolen -> "):
+        sub_folders(str(tmp_path / "root"), "templates[0].source.folders_in")
+    assert sub_folders(str(tmp_path / "root"), "t", follow_links=True) == ["orders", "stolen"]
+
+
+# --- end to end: a documents folder with a link -----------------------------------------------------
+
+
+def pipeline(tmp_path: Path, **source: Any) -> Any:
+    from materializer.config import load_config
+    from tests.helpers import binding, write_config
+
+    spec = binding("b", tmp_path / "src", tmp_path / "t", on_invalid="dead_letter")
+    spec["source"].update(source)
+    return load_config(write_config(tmp_path, [spec]))
+
+
+@pytest.mark.spark
+def test_a_linked_secret_never_reaches_the_table_nor_the_dead_letters(spark: Any, tmp_path: Path) -> None:
+    from materializer.runtime import Runtime
+
+    targets = outside(tmp_path)
+    write(tmp_path / "src" / "a.jsonl", '{"id": 1}\n')
+    (tmp_path / "src" / "b.jsonl").symlink_to(targets["secret"])
+    with pytest.raises(SourceError, match="b.jsonl -> .*token"):
+        Runtime(pipeline(tmp_path), spark).run()
+    assert not (tmp_path / "t").exists()  # nothing read, nothing landed, no dead letter
+    # follow_links: a link to a data file outside the folder lands its rows, by the link's name.
+    (tmp_path / "src" / "b.jsonl").unlink()
+    (tmp_path / "src" / "b.jsonl").symlink_to(targets["data"])
+    Runtime(pipeline(tmp_path, follow_links=True), spark).run()
+    rows = {r["id"] for r in spark.read.format("delta").load(str(tmp_path / "t")).collect()}
+    assert rows == {1, 99}
+    assert targets["data"].read_text() == '{"id": 99}\n' and targets["data"].exists()

@@ -36,6 +36,12 @@ class SourceConfig(Model):
     Declared, Spark parses with it instead of inferring each epoch's types (one pass fewer), the
     table gets exactly these types, and a document with an undeclared field or a value of another
     JSON kind stops the run naming the file and line. Absent: types are inferred per epoch."""
+    follow_links: bool = False
+    """documents and cdcv2, local folders: read the symbolic links in the folder whose targets are
+    files (by the link's name). Without it a link the source would read stops the run, naming it and
+    its target (a link can point anywhere this process can read). A link to a folder or to nothing
+    stops the run either way: a linked folder is never walked into. A template's ``folders_in``: a
+    linked sub-folder is made a binding only with it (docs: 'Symbolic links')."""
     max_files: int = Field(default=1000, gt=0)
     """documents only: most files one epoch takes (Auto Loader's maxFilesPerTrigger). An epoch is a
     set of whole files in file-name order, at least one."""
@@ -130,6 +136,8 @@ class SourceConfig(Model):
 
     @model_validator(mode="after")
     def _kafka_fields(self) -> "SourceConfig":
+        if self.format == "kafka" and self.follow_links:
+            raise ValueError("follow_links is for the documents and cdcv2 formats (folders of files), not kafka")
         if self.format != "kafka":
             given = [name for name in KAFKA_FIELDS if name in self.model_fields_set]
             if given:

@@ -35,6 +35,7 @@ from materializer.sources.cdcv2.progress import (
 from materializer.sources.cdcv2.reader import CdcV2Reader, Scan
 from materializer.sources.cdcv2.statements import lookup, statements
 from materializer.sources.line_numbers import with_line_numbers
+from materializer.sources.links import readable
 from materializer.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
 
 SKIPPED = (".", "_")
 """Files whose names start so are not statements (writers' temporary files, Spark's markers)."""
+
+
+def _statement_file(path: str) -> bool:
+    """A file of statements: not a writer's temporary file nor a Spark marker."""
+    return not os.path.basename(path).startswith(SKIPPED) and not path.endswith((".tmp", ".crc"))
 
 
 class CdcV2Source(CdcV2Reader):
@@ -59,11 +65,12 @@ class CdcV2Source(CdcV2Reader):
 
     def _listing(self) -> tuple[tuple[str, int], ...]:
         store = self._store()
-        return tuple(
-            (f.path, f.size)
-            for f in store.list()
-            if not os.path.basename(f.path).startswith(SKIPPED) and not f.path.endswith((".tmp", ".crc"))
+        # A link (to a file or a sub-folder) is read only with source.follow_links, and then only
+        # one to a file; a linked sub-folder is never walked into (sources/links.py).
+        files = readable(
+            store.scan(), _statement_file, follow=self.binding.source.follow_links, where=store.uri, binding=self.binding.name
         )
+        return tuple((f.path, f.size) for f in files if _statement_file(f.path))
 
     def _name(self, spark_uri: str, names: Sequence[str]) -> str:
         """The store-relative name of a file Spark read (it reports ``file:/…`` or ``s3a://…``)."""

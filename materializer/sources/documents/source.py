@@ -24,6 +24,7 @@ from materializer.errors import ConfigError, SourceError
 from materializer.dead_letters import split
 from materializer.sources import Source, SourceBatch
 from materializer.sources.documents.reader import DocumentReader, change_controlled, parse_schema
+from materializer.sources.links import readable
 from materializer.storage import FileInfo, Store, open_store
 
 if TYPE_CHECKING:
@@ -184,7 +185,11 @@ class DocumentsSource(Source):
         """The store, its document files by name, and what the previous version counted."""
         store = self._store()
         self._check_exists()
-        files = store.list()
+        # A link is read only with source.follow_links, and then only one to a file (sources/links.py).
+        files = readable(
+            store.scan(), is_document_file,
+            follow=self.binding.source.follow_links, where=store.uri, binding=self.binding.name,
+        )
         return store, [f for f in files if is_document_file(f.path)], [f for f in files if _legacy_document_file(f.path)]
 
     def next_batch(
