@@ -63,6 +63,12 @@ class BindingConfig(Model):
     writer's Delta transaction ids. Off, such a table stops the run (exit 7) before anything is
     written; on, the table is written on top of what it holds (docs: 'Sharing or taking over a
     table')."""
+    others_may_write: bool = True
+    """Others' commits that change rows (a person's ``DELETE``, ``UPDATE``, ``MERGE`` or ``INSERT``)
+    are part of the table: later changes of the same key land over them as usual. ``false``: such a
+    commit made since the pipeline's last one stops the run at start (exit 7), naming it, before
+    anything is written; maintenance (``OPTIMIZE``, ``VACUUM``) and ``ALTER`` never count (docs:
+    'Sharing the table with maintenance and people')."""
     partition_by: list[str] = Field(default_factory=list)
     """Columns to partition the table by, applied when the materializer creates it (docs:
     'Table layout'). Not with ``cluster_by``."""

@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 from materializer import option_changes
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.delta import TableRef, detail, quote, schema_and_properties, table_identity, table_state, table_writers
+from materializer.driver import table_changes
+from materializer.delta import (
+    TableRef,
+    TableWriters,
+    detail,
+    quote,
+    schema_and_properties,
+    table_identity,
+    table_state,
+    table_writers,
+)
 from materializer.errors import ConfigError, TableStateError
 from materializer.layout import existing_layout_problems
 from materializer.merge import DEAD_LETTER_SUFFIX
@@ -91,7 +101,8 @@ class OpenChecks:
                     raise TableStateError(_table_gone(self.config.pipeline_id, binding.name, binding.table, last_epoch))
                 continue
             self._check_layout(binding, table)
-            self._check_writers(binding, table)
+            writers = self._check_writers(binding, table)
+            self._check_changes(binding, table, writers)
             self._check_options(binding, table, state.txn_version, checkpoint, last_epoch)
 
     def _check_removed(self, checkpoint: DriverCheckpoint) -> None:
@@ -217,7 +228,14 @@ class OpenChecks:
                 "again (docs: 'Table layout'). Nothing was written."
             )
 
-    def _check_writers(self, binding: BindingConfig, table: TableRef) -> None:
+    def _check_changes(self, binding: BindingConfig, table: TableRef, writers: TableWriters) -> None:
+        """What others did since our last commit: features, renamed columns, rows changed
+        (:mod:`materializer.driver.table_changes`)."""
+        facts = schema_and_properties(self.spark, table)
+        if facts is not None:
+            table_changes.check(self.spark, binding, table, facts[1], facts[0], writers, self.config.pipeline_id)
+
+    def _check_writers(self, binding: BindingConfig, table: TableRef) -> TableWriters:
         pipeline = self.config.pipeline_id
         ours = {binding.name, *binding.previous_names}
         writers = table_writers(self.spark, table)
@@ -232,7 +250,7 @@ class OpenChecks:
         # Commits before this binding's first one were taken over then (adopt_table, once).
         foreign = {who: v for who, v in foreign.items() if first_own is None or v > first_own}
         if not foreign or binding.adopt_table:
-            return
+            return writers
         who = ", ".join(f"{w} (up to Delta version {v})" for w, v in sorted(foreign.items(), key=lambda i: i[1])[:3])
         renamed = [b for (p, b) in writers.tags if p == pipeline and b not in ours]
         hint = (
