@@ -14,13 +14,20 @@ from materializer.errors import ConfigError, MaterializerError
 
 def drill(
     config: Path = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="Pipeline configuration (YAML); only its sources are read."),
-    scenario: str = typer.Option("kills", "--scenario", help="kills (crash points + random kills), zombie, or damage."),
+    scenario: str = typer.Option(
+        "kills", "--scenario",
+        help="kills (crash points + random kills), zombie, damage, or neighbours (the kills with OPTIMIZE, ZORDER, VACUUM and auto compaction run beside them at random).",
+    ),
     kills: int = typer.Option(3, "--kills", "-n", help="Random SIGKILLs of the whole run (JVM included), after the failure points."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random kill schedule (same seed, same schedule)."),
     points: Optional[List[str]] = typer.Option(
         None, "--points", help="Failure points to kill at, once each (repeat the option; default: all the config can reach; 'none': skip them)."
     ),
     damages: Optional[List[str]] = typer.Option(None, "--damage", help="damage scenario: torn-log, corrupt-log, missing-staged, truncated-staged (default: all)."),
+    maintenance: Optional[List[str]] = typer.Option(
+        None, "--maintenance",
+        help="neighbours scenario: the maintenance to run, repeat the option: optimize, zorder, vacuum, vacuum-0 (RETAIN 0 HOURS), auto-compact (default: all).",
+    ),
     max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Override transaction.max_documents (cdcv2, kafka): more, smaller epochs."),
     max_files: Optional[int] = typer.Option(None, "--max-files", help="Override source.max_files of documents bindings (epochs are whole files)."),
     max_records: Optional[int] = typer.Option(None, "--max-records", help="Override source.max_records of kafka bindings (documents and debezium payloads)."),
@@ -51,12 +58,21 @@ def drill(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from materializer.events import Collector, Event
-    from materializer.tools.drill import SCENARIOS, Damaged, Drill, DrillOptions, RunEnded, RunStarted, Verifying
+    from materializer.tools.drill import (
+        MAINTENANCE, SCENARIOS, Damaged, Drill, DrillOptions, RunEnded, RunStarted, Verifying, check_operations,
+    )
 
     if reader not in ("spark", "deltalake"):
         _fail(ConfigError("--reader must be spark or deltalake"))
     if scenario not in SCENARIOS:
         _fail(ConfigError(f"--scenario must be one of {', '.join(SCENARIOS)}"))
+    if maintenance and scenario != "neighbours":
+        _fail(ConfigError(f"--maintenance is for --scenario neighbours (this drill is {scenario}); nothing was run"))
+    if maintenance:
+        try:
+            check_operations(maintenance)
+        except MaterializerError:
+            _fail(ConfigError(f"--maintenance must be one or more of {', '.join(MAINTENANCE)} (got {', '.join(maintenance)}); nothing was run"))
     console = Console(stderr=True)
     options = DrillOptions(
         config=config,
@@ -66,6 +82,7 @@ def drill(
         seed=seed,
         points=[] if points == ["none"] else (points or None),
         damages=damages or None,
+        maintenance=maintenance or None,
         max_documents=max_documents,
         max_files=max_files,
         max_records=max_records,
@@ -147,6 +164,14 @@ def _print_report(result: Any, console: Any) -> None:
     if len(result.sittings) > 1:
         parts = ", ".join(f"{s.get('kills', '?')} kills from {s['started_at']}" for s in result.sittings)
         table.add_row("sittings (resumed)", f"{len(result.sittings)}: {parts}")
+    if result.scenario == "neighbours":
+        counts = data["maintenance_counts"]
+        made = ", ".join(f"{op} {n}" for op, n in sorted(counts["done"].items())) or "none"
+        table.add_row("maintenance made (Delta versions)", f"{made} ({counts['versions']})")
+        if counts["failed"]:
+            table.add_row("maintenance that failed itself", ", ".join(f"{op} {n}" for op, n in sorted(counts["failed"].items())))
+        stops = counts["pipeline stops"]
+        table.add_row("pipeline stops after maintenance", f"[red]{stops}[/]" if stops else "0")
     table.add_row("time", f"{result.seconds:.0f}s")
     color = {"pass": "green", "FAIL": "red"}.get(result.verdict, "yellow")
     table.add_row("verdict", f"[bold {color}]{result.verdict}[/]")
@@ -162,6 +187,17 @@ def _print_report(result: Any, console: Any) -> None:
             console.print(f"round {v.round}: [red]{p}[/]")
         if v.orphans:
             console.print(f"round {v.round}: [red]orphaned staged files: {', '.join(v.orphans[:10])}[/]")
+    waited = sum(m.outcome == "no table" for m in result.maintenance)
+    if waited:
+        console.print(f"maintenance: {waited} action(s) found no table yet (before the round's first epoch created it)")
+    for m in (m for m in result.maintenance if m.outcome != "no table"):
+        versions = f"versions {', '.join(map(str, m.versions))}" if m.versions else "no version"
+        during = f"during run {m.run}" if m.run else "between runs"
+        error = f": {m.error}" if m.error else ""
+        console.print(
+            f"maintenance #{m.index} at {m.at:.1f}s ({m.utc}, round {m.round}, {during}): {m.operation} on {m.binding} "
+            f"-> {m.outcome}, {versions}{error}"
+        )
     for p in result.problems:
         console.print(f"[red]problem:[/] {p}")
     for point, why in result.unreachable.items():

@@ -461,6 +461,89 @@ def test_long_drill_random_kills(tmp_path: Path) -> None:
     _assert_clean(data)
 
 
+def _neighbours_drill(tmp_path: Path, seed: int, *actions: str) -> dict[str, Any]:
+    """A neighbours drill (a random kill, the drain) with ``actions``; its report, checked: the
+    verification passed, no run stopped, and the maintenance really ran, its versions in the
+    tables' history (read by delta-rs, not the Spark that made them), whose rows, read by delta-rs
+    too, equal the oracle."""
+    from deltalake import DeltaTable
+
+    from materializer.config import load_config
+    from tests.helpers import delta_rs_list
+
+    cfg_path = pipeline(tmp_path, files=4)
+    chosen = [arg for action in actions for arg in ("--maintenance", action)]
+    result, data = _drill(tmp_path, cfg_path, "--scenario", "neighbours", "--points", "none", "--kills", "1", "--seed", str(seed), *chosen)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["verdict"] == "pass" and data["problems"] == [], data["problems"]
+    _assert_clean(data)
+    assert data["maintenance_stops"] == [] and data["maintenance_counts"]["pipeline stops"] == 0
+    assert data["maintenance_plan"]["seed"] == seed and data["maintenance_plan"]["actions"] == list(actions)
+    done = [m for m in data["maintenance"] if m["outcome"] == "done"]
+    assert done, data["maintenance"]
+    made: set[str] = set()
+    for action in done:
+        history = {h["version"]: h for h in DeltaTable(action["table"]).history()}
+        for version in action["versions"]:
+            assert history[version].get("userMetadata") == f"materializer-drill maintenance #{action['index']}", history[version]
+            made.add(history[version]["operation"])
+    assert made & {"OPTIMIZE", "VACUUM START", "VACUUM END"}, done
+    last = load_config(tmp_path / "work" / f"round-{data['rounds'][-1]['round']:03d}" / "pipeline.yaml")
+    for name, expected in oracle.expected_all(last).items():
+        cmp = oracle.compare(expected, delta_rs_list(last.binding(name).table), last.binding(name).key)
+        assert cmp.ok, f"{name} read by delta-rs: lost {cmp.lost}, duplicated {cmp.duplicated}, wrong {cmp.wrong}"
+    assert "pipeline stops after maintenance" in result.stdout
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+def test_neighbours_drill_maintenance_beside_the_kills_changes_no_row(tmp_path: Path) -> None:
+    """Issue #67: OPTIMIZE, ZORDER and VACUUM RETAIN 0 HOURS at the seed's random times, from the
+    drill's own JVM, while the pipeline is killed and restarted: no run stops, no row changes, and
+    the maintenance made versions of its own in the tables. (Plain VACUUM and auto compaction are
+    in the ``-m drill`` run below: the short one takes the actions that rewrite or delete files.)"""
+    _neighbours_drill(tmp_path, 5, "optimize", "zorder", "vacuum-0")
+
+
+@pytest.mark.drill
+@pytest.mark.crash
+def test_neighbours_drill_every_maintenance(tmp_path: Path) -> None:
+    _neighbours_drill(tmp_path, 8, "optimize", "zorder", "vacuum", "vacuum-0", "auto-compact")
+
+
+def test_the_neighbours_schedule_is_the_seeds_and_bad_actions_are_refused(tmp_path: Path) -> None:
+    import itertools
+
+    from materializer.tools.drill import DrillError, DrillReport, MAINTENANCE, check_operations, schedule
+
+    first = list(itertools.islice(schedule(4, list(MAINTENANCE)), 20))
+    assert first == list(itertools.islice(schedule(4, list(MAINTENANCE)), 20))
+    assert first != list(itertools.islice(schedule(5, list(MAINTENANCE)), 20))
+    assert {p.operation for p in itertools.islice(schedule(4, ["vacuum"]), 10)} == {"vacuum"}
+    assert check_operations(None) == list(MAINTENANCE)
+    with pytest.raises(DrillError, match="--maintenance defrag: unknown"):
+        check_operations(["optimize", "defrag"])
+    # A seed's kill plan is the kills scenario's: the schedule draws from a random of its own.
+    cfg_path = pipeline(tmp_path)
+    kills = Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "a", kills=3, seed=4)).plans()
+    assert Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "b", kills=3, seed=4, scenario="neighbours")).plans() == kills
+    with pytest.raises(DrillError, match="for --scenario neighbours"):
+        Drill(DrillOptions(config=cfg_path, workdir=tmp_path / "c", maintenance=["optimize"]))
+    # A run that stopped beside maintenance fails the drill, whatever the tables say.
+    report = DrillReport(scenario="neighbours", config="c", workdir="w", seed=1, started_at="t")
+    from materializer.tools.drill import Verification
+
+    report.rounds.append(Verification(round=1))
+    report.rounds[0].tables = []
+    report.maintenance_stops.append({"run": 2, "after": 3})
+    assert report.verdict == "FAIL" and report.to_json()["maintenance_counts"]["pipeline stops"] == 1
+    for bad, said in ((["--scenario", "neighbours", "--maintenance", "defrag"], "--maintenance must be one or more of"),
+                      (["--maintenance", "optimize"], "--maintenance is for --scenario neighbours")):
+        result = run_cli("drill", "--config", str(cfg_path), *bad, timeout=60, jvm=False)
+        assert result.returncode == 2 and said in result.stderr, result.stderr
+
+
 def test_a_zombie_whose_apply_fails_is_told_it_is_fenced(tmp_path: Path) -> None:
     """The zombie drill's finding: a paused run whose staged files the newer run applied and
     deleted must stop as fenced (exit 4), not with Spark's file-not-found."""

@@ -20,6 +20,13 @@ rewritten to live there; the sources are only read (their files are immutable). 
     deleted, one truncated) right before their apply; each must stop the next run with its error
     (exit 5 / 6, never a silent skip), then ``materializer recover`` must repair it, and the final
     tables must equal the oracle.
+``neighbours``
+    the ``kills`` plan with a maintainer beside it (a thread of the drill with a session of the
+    drill's own JVM): ``OPTIMIZE``, ``OPTIMIZE … ZORDER BY (key)``, ``VACUUM`` (the default
+    retention, and ``RETAIN 0 HOURS`` with the retention check off for its session only) and
+    ``delta.autoOptimize.autoCompact`` turned on, on the round's tables at the seed's random
+    times; each action is reported with the Delta versions it made, and a run that stops with an
+    error instead of being killed or finishing is a FAIL naming the action before it.
 
 Every round is verified the same way (:func:`verify`): each table against the oracle (rows lost,
 duplicated or wrong, by key), each epoch at most once in each table's Delta history, the epoch the
@@ -33,6 +40,7 @@ The package, one job a module (each imports only those listed after it):
 * :mod:`~materializer.tools.drill.kill`: one run of the real CLI, followed by its events and killed;
 * :mod:`~materializer.tools.drill.verification`: a round checked against the oracle, with delta-rs or Spark;
 * :mod:`~materializer.tools.drill.damage`: the harm the ``damage`` scenario does to log and staging;
+* :mod:`~materializer.tools.drill.maintenance`: the ``neighbours`` scenario's maintainer and its actions;
 * :mod:`~materializer.tools.drill.plan`: options, kill plans, windows, the scratch copy, epoch sizes.
 """
 
@@ -51,6 +59,7 @@ from materializer.tools.drill.kill import (
     read_event,
     run_once,
 )
+from materializer.tools.drill.maintenance import MAINTENANCE, Maintainer, MaintenanceAction, check_operations, schedule
 from materializer.tools.drill.plan import (
     BETWEEN_BINDINGS,
     BETWEEN_EPOCHS,
@@ -80,7 +89,8 @@ from materializer.tools.drill.scenarios import Drill
 from materializer.tools.drill.verification import TableCheck, Verification, verify
 
 __all__ = [
-    "BETWEEN_BINDINGS", "BETWEEN_EPOCHS", "DAMAGES", "KILLED", "OVERLAP", "REPO", "RUN_EVENTS", "SCENARIOS", "WINDOWS",
+    "BETWEEN_BINDINGS", "BETWEEN_EPOCHS", "DAMAGES", "KILLED", "MAINTENANCE", "Maintainer", "MaintenanceAction",
+    "check_operations", "schedule", "OVERLAP", "REPO", "RUN_EVENTS", "SCENARIOS", "WINDOWS",
     "Child", "Damaged", "Drill", "DrillError", "DrillOptions", "DrillReport", "EpochSizes", "Plan", "RoundStarted",
     "RunEnded", "RunPhase", "RunRecord", "RunStarted", "TableCheck", "Verification", "Verified", "Verifying",
     "child_env", "do_damage", "epoch_sizes", "kill_live", "read_event", "run_once", "scratch_config",

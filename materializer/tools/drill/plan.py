@@ -13,7 +13,7 @@ from typing import Any
 from materializer.config import PipelineConfig
 from materializer.errors import MaterializerError
 
-SCENARIOS = ("kills", "zombie", "damage")
+SCENARIOS = ("kills", "zombie", "damage", "neighbours")
 
 BETWEEN_BINDINGS = "between two bindings' applies"
 """A kill with some of an epoch's tables applied and others not (``after-apply`` and random kills)."""
@@ -70,6 +70,9 @@ class DrillOptions:
     """Failure points to kill at once each (None: every point the configuration can reach)."""
     damages: list[str] | None = None
     """Scenario ``damage``: which damages (None: all)."""
+    maintenance: list[str] | None = None
+    """Scenario ``neighbours``: which maintenance actions the maintainer runs (None: all of
+    :data:`~materializer.tools.drill.maintenance.MAINTENANCE`)."""
     max_documents: int | None = None
     """Override ``transaction.max_documents`` (cdcv2, kafka: more, smaller epochs give the kills more to hit)."""
     max_files: int | None = None
@@ -109,13 +112,14 @@ def _scratch_name(value: str) -> str:
 
 def scratch_config(
     config: PipelineConfig, root: Path, max_documents: int | None = None, max_files: int | None = None,
-    max_records: int | None = None, remote: str | None = None,
+    max_records: int | None = None, remote: str | None = None, spark_conf: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The configuration with everything it writes moved under ``root``: the log, the staging, every
     binding's table and dead-letter table, the tables its templates make (their placeholders
     kept, so each binding made still gets a table of its own); its views left out (a drill run
-    would replace the user's view with one over the scratch table: :func:`scratch_notes`). The
-    sources are unchanged: they are only read."""
+    would replace the user's view with one over the scratch table: :func:`scratch_notes`);
+    ``spark_conf`` added to ``spark.conf`` where the configuration does not set it. The sources
+    are unchanged: they are only read."""
     # Only what the file set: a dump of every default would name other formats' settings (a
     # documents source with kafka's `starting`), which the configuration refuses.
     data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
@@ -157,6 +161,9 @@ def scratch_config(
     if max_records:
         for binding in kafka:
             binding["source"]["max_records"] = max_records
+    for name, value in (spark_conf or {}).items():
+        # (a setting the configuration gives itself is kept)
+        data.setdefault("spark", {}).setdefault("conf", {}).setdefault(name, value)
     return data
 
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from materializer.events import Event
 from materializer.tools.drill.kill import RunRecord
+from materializer.tools.drill.maintenance import MaintenanceAction
 from materializer.tools.drill.plan import WINDOWS
 from materializer.tools.drill.verification import TableCheck, Verification
 
@@ -90,6 +91,13 @@ class DrillReport:
     kill_plan: dict[str, Any] = field(default_factory=dict)
     """What the plan was drawn from (``kills``, ``points``; with ``seed`` and the sources' epoch
     sizes that is the whole plan): a resumed drill draws the same plan and goes on with the rest."""
+    maintenance: list[MaintenanceAction] = field(default_factory=list)
+    """Scenario ``neighbours``: each maintenance action made beside the runs, in order."""
+    maintenance_plan: dict[str, Any] = field(default_factory=dict)
+    """Scenario ``neighbours``: what the schedule was drawn from (seed, actions, gaps)."""
+    maintenance_stops: list[dict[str, Any]] = field(default_factory=list)
+    """Scenario ``neighbours``: runs that stopped with an error instead of being killed or
+    finishing, each with the maintenance action that preceded it (any one is a FAIL)."""
     sittings: list[dict[str, Any]] = field(default_factory=list)
     """One entry per process that ran the drill (``started_at``, ``seconds``, ``kills``, ``version``):
     more than one when a drill stopped early was resumed."""
@@ -106,11 +114,12 @@ class DrillReport:
             tables = [TableCheck(**only(TableCheck, t)) for t in item.get("tables", [])]
             rounds.append(Verification(**{**only(Verification, item), "tables": tables}))
         runs = [RunRecord(**only(RunRecord, r)) for r in data.get("runs", [])]
-        return cls(**{**only(cls, data), "runs": runs, "rounds": rounds})
+        maintenance = [MaintenanceAction(**only(MaintenanceAction, m)) for m in data.get("maintenance", [])]
+        return cls(**{**only(cls, data), "runs": runs, "rounds": rounds, "maintenance": maintenance})
 
     @property
     def verdict(self) -> str:
-        if self.problems or any(r.verdict == "FAIL" for r in self.rounds) or not self.rounds:
+        if self.problems or self.maintenance_stops or any(r.verdict == "FAIL" for r in self.rounds) or not self.rounds:
             return "FAIL"
         if any(r.verdict == "not verified" for r in self.rounds):
             return "not verified"
@@ -147,6 +156,15 @@ class DrillReport:
             "duplicated": sum(t.counts.get("duplicated", 0) for v in self.rounds for t in v.tables),
             "wrong": sum(t.counts.get("wrong", 0) for v in self.rounds for t in v.tables),
         }
+        if self.scenario == "neighbours":
+            done = [m for m in self.maintenance if m.outcome == "done"]
+            data["maintenance_counts"] = {
+                "done": dict(Counter(m.operation for m in done)),
+                "failed": dict(Counter(m.operation for m in self.maintenance if m.outcome == "failed")),
+                "no table": sum(m.outcome == "no table" for m in self.maintenance),
+                "versions": sum(len(m.versions) for m in done),
+                "pipeline stops": len(self.maintenance_stops),
+            }
         for v, out in zip(self.rounds, data["rounds"]):
             out["verdict"] = v.verdict
             out["problems"] = v.problems

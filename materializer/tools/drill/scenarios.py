@@ -1,5 +1,5 @@
 """The drill: rounds on scratch copies of the pipeline, and its scenarios (``kills``, ``zombie``,
-``damage``), each ending in a verified round."""
+``damage``, ``neighbours``), each ending in a verified round."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
 from materializer.tools.drill.damage import DAMAGES, do_damage
 from materializer.tools.drill.kill import RUN_EVENTS, Child, RunPhase, RunRecord, child_env, kill_live, run_once
+from materializer.tools.drill.maintenance import AUTO_COMPACT_MIN_FILES, GAP, Maintainer, check_operations
 from materializer.tools.drill.plan import (
     WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, known_bindings, scratch_config, scratch_notes, unreachable_points,
 )
@@ -38,6 +39,7 @@ class Drill:
     def __init__(self, options: DrillOptions, collector: Collector | None = None) -> None:
         self.options = options
         self.collector = collector or Collector()
+        self._t0 = time.monotonic()
         previous = resumable(options) if options.resume is not None else None
         if previous is not None:
             options = self.options = resumed_options(previous, options)
@@ -74,6 +76,15 @@ class Drill:
         self.config_path = Path()
         self.config = self.source_config
         self._spark: "SparkSession | None" = None
+        self._spark_lock = threading.Lock()
+        self.maintainer: Maintainer | None = None
+        """Scenario ``neighbours``: the maintenance run beside the pipeline (:meth:`neighbours`)."""
+        self.maintenance_ops = check_operations(options.maintenance) if options.scenario == "neighbours" else []
+        if options.maintenance and options.scenario != "neighbours":
+            raise DrillError(f"--maintenance is for --scenario neighbours, not {options.scenario}")
+        self._live_run: int | None = None
+        self._run_ends: dict[int, float] = {}
+        self._stops_in_row = 0
         self._index = max((r.index for r in self.report.runs), default=0)
         self._runs_in_round = 0
         self.last_phase: RunPhase | None = None
@@ -102,6 +113,11 @@ class Drill:
             )
         self.report.epoch_sizes = list(self.sizes.notes)
         self.report.scratch = scratch_notes(self.source_config)
+        if options.scenario == "neighbours" and AUTO_COMPACT_MIN_FILES not in self.source_config.spark.conf:
+            self.report.scratch.append(
+                f"spark.conf {AUTO_COMPACT_MIN_FILES}: 2 on the scratch copy's runs, so auto compaction (once the "
+                "maintainer turns it on) compacts a drill's few small files (Delta's default waits for 50)"
+            )
 
     # --- rounds ---
 
@@ -111,7 +127,10 @@ class Drill:
         root.mkdir(parents=True)
         (root / "runs").mkdir()
         sizes = self.sizes
-        data = scratch_config(self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote)
+        extra_conf = {AUTO_COMPACT_MIN_FILES: "2"} if self.options.scenario == "neighbours" else None
+        data = scratch_config(
+            self.source_config, root, sizes.max_documents, sizes.max_files, sizes.max_records, self.options.remote, extra_conf
+        )
         self.config = parse_config(data, "drill scratch config")
         self.config_path = root / "pipeline.yaml"
         # With the references as the user wrote them, never their values (docs: 'Secrets'): the
@@ -120,21 +139,25 @@ class Drill:
         self._runs_in_round = 0
         self._stopped_by = ""  # (a failed run marks only its own round)
         self.collector.emit(RoundStarted(round=self.round_no, workdir=str(root)))
+        if self.maintainer is not None:
+            self.maintainer.activate()
 
     @property
     def root(self) -> Path:
         return self.config_path.parent
 
     def spark(self) -> "SparkSession":
-        if self._spark is None:
-            from materializer.spark import config_session
+        # (locked: the neighbours' maintainer may start it from its thread)
+        with self._spark_lock:
+            if self._spark is None:
+                from materializer.spark import config_session
 
-            # The config's master even when it names a Connect server: the drill reads the tables
-            # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
-            self._spark = config_session(
-                self.config, master=self.config.spark.master, remote=self.options.remote, app_name="materializer-drill"
-            )
-        return self._spark
+                # The config's master even when it names a Connect server: the drill reads the tables
+                # itself; hadoop-aws and the Kafka connector as the pipeline's runs have them.
+                self._spark = config_session(
+                    self.config, master=self.config.spark.master, remote=self.options.remote, app_name="materializer-drill"
+                )
+            return self._spark
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
         self._index += 1
@@ -147,6 +170,7 @@ class Drill:
             session_id = str(uuid.uuid4())
             self._sessions.append(session_id)
             extra_args = (*extra_args, "--remote", with_session_id(self.options.remote, session_id))
+        self._live_run = self._index
         record, phase = run_once(
             self.config_path,
             plan,
@@ -157,6 +181,10 @@ class Drill:
             timeout=self.options.run_timeout,
             extra_args=extra_args,
         )
+        self._live_run = None
+        self._run_ends[record.index] = time.monotonic() - self._t0
+        if record.outcome != "failed":
+            self._stops_in_row = 0
         self._runs_in_round += 1
         self.last_phase = phase
         self.apply_windows += phase.apply_windows
@@ -189,8 +217,17 @@ class Drill:
 
     def verify_round(self) -> Verification:
         self.release_sessions()
+        if self.maintainer is not None:
+            self.maintainer.pause()  # the tables are read as the pipeline left them
         self.collector.emit(Verifying(round=self.round_no))
-        result = verify(self.config, self.spark(), self.round_no, self.options.reader, stopped_by=self._stopped_by)
+        try:
+            result = verify(self.config, self.spark(), self.round_no, self.options.reader, stopped_by=self._stopped_by)
+        except Exception as exc:  # noqa: BLE001 - a table that cannot be read is the round's failure
+            if self.options.scenario != "neighbours":
+                raise
+            # (a VACUUM RETAIN 0 HOURS can delete a file a commit names: the read fails)
+            result = Verification(round=self.round_no, stopped_by=self._stopped_by)
+            result.log_problems.append(f"the round's tables could not be read back: {type(exc).__name__}: {str(exc)[:1500]}")
         self._stopped_by = ""
         self.report.rounds.append(result)
         self.collector.emit(Verified(verification=result))
@@ -203,6 +240,8 @@ class Drill:
             if record.outcome == "finished":
                 return True
             if record.outcome == "failed":
+                if self._maintenance_stop(record):
+                    continue
                 self.report.problems.append(f"run {record.index} ({record.plan}) failed, exit {record.exit_code}:\n{record.error}")
                 self._stopped_by = _stopped_by(record)
                 return False
@@ -273,6 +312,8 @@ class Drill:
             if record.outcome == "killed":
                 return True
             if record.outcome == "failed":
+                if self._maintenance_stop(record):
+                    continue  # restarted: the pipeline must go on from where it stopped
                 self.report.problems.append(
                     f"run {record.index} ({record.plan}) failed with exit {record.exit_code} instead of recovering:\n{record.error}"
                 )
@@ -313,6 +354,43 @@ class Drill:
         self.drain()
         self.verify_round()
         tick()
+
+    # --- scenario: neighbours ---
+
+    def neighbours(self, tick: Callable[[], None] = lambda: None) -> None:
+        """The ``kills`` plan (failure points, random kills, the drain, each round verified) with
+        a maintainer beside it: OPTIMIZE, ZORDER, VACUUM (7 days, and 0 hours) and auto compaction
+        turned on, on the round's tables at the seed's random times (:mod:`.maintenance`)."""
+        self.report.maintenance_plan = {
+            "seed": self.options.seed, "actions": self.maintenance_ops, "gap_seconds": list(GAP),
+            "session": "the drill's own JVM (newSession), beside the runs' JVMs",
+        }
+        self.maintainer = Maintainer(
+            self.spark, self.options.seed, self.maintenance_ops,
+            lambda: (self.round_no, self.config.bindings), lambda: self._live_run, self._t0,
+        )
+        self.maintainer.start()
+        self.kills(tick)
+
+    def _maintenance_stop(self, record: RunRecord) -> bool:
+        """Scenario ``neighbours``: a run that stopped with an error is counted, naming the
+        maintenance action before it, and True (restart it) unless it is the third in a row."""
+        if self.maintainer is None:
+            return False
+        ended = self._run_ends.get(record.index, time.monotonic() - self._t0)
+        before = [a for a in list(self.maintainer.actions) if a.outcome == "done" and a.at <= ended]
+        last = before[-1] if before else None
+        named = (
+            f"maintenance #{last.index} ({last.operation} on {last.binding} at {last.at:.1f}s, versions {last.versions})"
+            if last else "no maintenance action (none was made before it)"
+        )
+        self.report.maintenance_stops.append({
+            "run": record.index, "round": record.round, "exit_code": record.exit_code, "after": last.index if last else None,
+            "action": named, "error": record.error,
+        })
+        self.report.problems.append(f"run {record.index} ({record.plan}) stopped (exit {record.exit_code}) after {named}:\n{record.error}")
+        self._stops_in_row += 1
+        return self._stops_in_row < 3
 
     # --- scenario: zombie ---
 
@@ -444,6 +522,11 @@ class Drill:
             getattr(self, self.options.scenario)(tick)
         finally:
             kill_live()
+            if self.maintainer is not None:
+                self.maintainer.stop()
+                self.report.maintenance = list(self.maintainer.actions)
+                if self.maintainer.crashed:
+                    self.report.problems.append(f"the maintainer stopped: {self.maintainer.crashed}")
             self.release_sessions()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -471,7 +554,7 @@ class Drill:
 
     def planned(self) -> int:
         """Steps the progress bar counts."""
-        if self.options.scenario == "kills":
+        if self.options.scenario in ("kills", "neighbours"):
             return self._plan_size() + 1 - self.report.plans_done
         if self.options.scenario == "zombie":
             return 3
