@@ -25,6 +25,12 @@ RECORDED = (
 )
 """The binding's options that shape its table: recorded with each epoch, compared at Open."""
 
+UNRECORDED: dict[str, str] = {
+    "others_may_write": "applies from the next start: it shapes no table (Open reads the commits made "
+    "since the pipeline's last one; docs: 'People's writes')",
+}
+"""Binding options that shape no table: not recorded, any change applies (the docs' table lists them too)."""
+
 Change = Literal["added", "removed", "changed"]
 
 

@@ -247,3 +247,39 @@ def test_table_features_it_cannot_write_idempotently_are_refused(table: str, pro
     else:
         with pytest.raises(TableStateError, match=refused):
             call()
+
+
+@pytest.mark.parametrize(
+    ("options", "commits", "refused"),
+    [
+        ({}, [("RENAME COLUMN", {"oldColumnPath": "w", "newColumnPath": "w2"})], "'w' was renamed to 'w2'"),
+        ({"except_columns": ["w"]}, [("RENAME COLUMN", {"oldColumnPath": "w", "newColumnPath": "w2"})], None),
+        ({"columns": ["v"]}, [("DROP COLUMNS", {"columns": '["w"]'})], None),  # w does not land
+        ({}, [("DROP COLUMNS", {"columns": '["w"]'})], "'w' was dropped"),
+        # Renamed and renamed back: the table has the column again.
+        ({}, [("RENAME COLUMN", {"oldColumnPath": "v", "newColumnPath": "x"}), ("RENAME COLUMN", {"oldColumnPath": "x", "newColumnPath": "v"})], None),
+        ({}, [("RENAME COLUMN", {"oldColumnPath": "s.a", "newColumnPath": "s.b"})], "'s.a' was renamed"),  # a struct's field
+    ],
+)
+def test_a_renamed_or_dropped_column_is_refused_while_its_old_name_lands(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], commits: list[tuple[str, dict[str, Any]]], refused: str | None
+) -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from materializer.config import parse_config
+    from materializer.delta import TableRef, TableWriters
+    from materializer.driver import table_changes
+
+    raw = {"name": "b", "source": {"format": "documents", "path": "src"}, "table": "/t", "key": ["id"], **options}
+    config = parse_config({"pipeline_id": "p", "recovery_log": "log", "staging": "st", "bindings": [raw]}, "x.yaml")
+    found = [table_changes.Commit(3 + i, op, None, None, params, False) for i, (op, params) in enumerate(commits)]
+    monkeypatch.setattr(table_changes, "commits_after", lambda spark, table, version: found)
+    schema = StructType([StructField("id", LongType()), StructField("v", LongType()), StructField("s", StructType([StructField("b", LongType())]))])
+    properties = {"delta.columnMapping.mode": "name"}
+    writers = TableWriters(tags={("p", "b"): (0, 2)}, app_ids={"p": 2})
+    call = lambda: table_changes.check(None, config.bindings[0], TableRef("/t"), properties, schema, writers, "p")  # type: ignore[arg-type]  # noqa: E731
+    if refused is None:
+        call()
+    else:
+        with pytest.raises(TableStateError, match=refused):
+            call()

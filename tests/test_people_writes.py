@@ -367,3 +367,13 @@ def test_which_commits_count_as_rows_changed(monkeypatch: pytest.MonkeyPatch, co
             call()
     else:
         call()
+
+
+def test_the_option_change_table_lists_the_options_that_shape_no_table() -> None:
+    from materializer.option_changes import RECORDED, UNRECORDED
+    from tests.helpers import REPO
+
+    table = (REPO / "docs" / "semantics.md").read_text()
+    for option in UNRECORDED:
+        assert option not in RECORDED
+        assert f"| `{option}` | applies" in table, option

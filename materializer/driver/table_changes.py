@@ -9,8 +9,9 @@ before anything is read or written (docs: 'Sharing the table with maintenance an
 * ``others_may_write: false``: a commit not ours that changed rows (DELETE, UPDATE, MERGE, WRITE …;
   not OPTIMIZE, VACUUM, auto compaction, nor an ALTER's metadata-only commits).
 
-Only the commits after our last one are read (a handful at most, between two runs): the log's
-commit files in Python where this process sees the table's files as Spark does, else one
+Only the commits after our last one are read (a handful at most, between two runs), and only
+where a check needs them (column mapping on, or ``others_may_write: false``): the log's commit
+files in Python where this process sees the table's files as Spark does, else one
 ``DESCRIBE HISTORY``.
 """
 
@@ -81,6 +82,9 @@ def check(
 ) -> None:
     """Raise :class:`TableStateError` for what the pipeline must not write over (module docstring)."""
     _check_features(binding, table, properties)
+    mapped = str(properties.get("delta.columnMapping.mode", "none")).lower() not in ("none", "")
+    if binding.others_may_write and not mapped:
+        return  # no rename or drop without column mapping, and others' rows are allowed: nothing to read
     since = last_own_version(writers, pipeline, binding)
     if since is None:
         return  # nothing of ours yet: the writers' check (adopt_table) said what may be written over
@@ -149,25 +153,39 @@ def _has_path(schema: Any, path: str) -> bool:
 
 
 def _check_columns(binding: BindingConfig, schema: Any, commits: list[Commit]) -> None:
-    """A column renamed or dropped since our last commit whose old name still lands: refused."""
-    gone: list[tuple[str, str]] = []
+    """A column renamed or dropped since our last commit whose old name still lands: refused.
+
+    Renames are followed through (``a`` → ``b`` → ``c`` is ``a`` renamed to ``c``; renamed back,
+    nothing): what counts is each name the table had at our last commit and what it is now."""
+    now: dict[str, tuple[str | None, str]] = {}
+    """A path the table had at our last commit -> its path now (None: dropped), and the commit."""
     for commit in commits:
         params = commit.parameters
         if commit.operation == "RENAME COLUMN":
-            old, new = str(params.get("oldColumnPath", "")), str(params.get("newColumnPath", ""))
-            paths = [(old, f"renamed to {new!r} in {commit.shown()}")]
+            changes = [(str(params.get("oldColumnPath", "")).strip("`"), str(params.get("newColumnPath", "")).strip("`"))]
         elif commit.operation in ("DROP COLUMN", "DROP COLUMNS"):
-            paths = [(p, f"dropped in {commit.shown()}") for p in _names(params.get("columns"))]
+            changes = [(p.strip("`"), None) for p in _names(params.get("columns"))]
         else:
             continue
-        for path, what in paths:
-            path = path.strip("`")
-            if path and not _has_path(schema, path) and _landing(binding, path.split(".")[0]):
-                gone.append((path, what))
+        for old, new in changes:
+            origin = next((o for o, (current, _c) in now.items() if current is not None and current.lower() == old.lower()), old)
+            now[origin] = (new, commit.shown())
+    gone: list[tuple[str, str]] = []
+    for path, (current, where) in now.items():
+        if current is not None and current.lower() == path.lower():
+            continue  # renamed back
+        if path and not _has_path(schema, path) and _landing(binding, path.split(".")[0]):
+            gone.append((path, f"renamed to {current!r} in {where}" if current is not None else f"dropped in {where}"))
     if not gone:
         return
     described = "; ".join(f"column {p!r} was {w}" for p, w in gone)
     names = sorted({p.split(".")[0] for p, _w in gone})
+    nested = sorted({p.split(".")[0] for p, _w in gone if "." in p})
+    if nested:
+        described += (
+            f" (inside {', '.join(repr(n) for n in nested)}: excluding it stops the whole column from landing, so "
+            "undoing the ALTER may be the better way)"
+        )
     raise TableStateError(
         f"binding {binding.name!r}: table {binding.table}: {described}, but the binding still lands "
         f"{', '.join(repr(n) for n in names)} from its source. The next epoch would write those values into a new "
