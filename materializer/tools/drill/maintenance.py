@@ -132,6 +132,8 @@ class Maintainer:
         self.started = started
         self.plan = schedule(seed, operations)
         self.actions: list[MaintenanceAction] = []
+        self.drawn: list[Planned] = []
+        """The schedule drawn so far (the report prints it: gap, action, table pick of each)."""
         self.crashed = ""
         """The maintainer's own error, if it stopped (the drill fails: the schedule was not run)."""
         self._lock = threading.Lock()
@@ -173,6 +175,7 @@ class Maintainer:
     def _loop(self) -> None:
         try:
             for planned in self.plan:
+                self.drawn.append(planned)
                 if not self._wait(planned.gap):
                     return
                 with self._lock:
@@ -222,7 +225,11 @@ class Maintainer:
             action.outcome = "done"
         except Exception as exc:  # noqa: BLE001 - the neighbour's own failure (a conflict): said
             action.outcome = "failed"
-            action.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ''}"
+            from materializer.delta import error_condition
+            from materializer.merge.failures import cause
+
+            condition = error_condition(exc)
+            action.error = (f"{condition}: " if condition and condition not in cause(exc) else "") + cause(exc)
         finally:
             spark.conf.unset(USER_METADATA)
             spark.conf.unset(RETENTION_CHECK)

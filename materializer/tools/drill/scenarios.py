@@ -525,6 +525,9 @@ class Drill:
             if self.maintainer is not None:
                 self.maintainer.stop()
                 self.report.maintenance = list(self.maintainer.actions)
+                self.report.maintenance_plan["schedule"] = [
+                    f"#{p.index}: {p.gap:.2f}s, {p.operation}, table pick {p.pick}" for p in self.maintainer.drawn
+                ]
                 if self.maintainer.crashed:
                     self.report.problems.append(f"the maintainer stopped: {self.maintainer.crashed}")
             self.release_sessions()
