@@ -377,3 +377,28 @@ def test_the_option_change_table_lists_the_options_that_shape_no_table() -> None
     for option in UNRECORDED:
         assert option not in RECORDED
         assert f"| `{option}` | applies" in table, option
+
+
+@pytest.mark.slow
+def test_a_catalog_table_is_checked_through_its_history(spark: Any, tmp_path: Path) -> None:
+    """A table named by catalog name: the commits after ours come from DESCRIBE HISTORY (what
+    Unity Catalog leaves where path access to a managed table's files is refused). A person's
+    UPDATE stops ``others_may_write: false``; after an OPTIMIZE alone the run goes on."""
+    from materializer.runtime import Runtime
+
+    name = f"default.people_{tmp_path.name.replace('-', '_').lower()[-20:]}"
+    config = _config(tmp_path, "run", [binding("b", tmp_path / "src", name, others_may_write=False)])  # type: ignore[arg-type]
+    write_jsonl(tmp_path / "src" / "a.jsonl", FIRST)
+    try:
+        Runtime(config, spark).run()
+        spark.newSession().sql(f"OPTIMIZE {name}").collect()
+        write_jsonl(tmp_path / "src" / "b.jsonl", SECOND)
+        assert Runtime(config, spark).run().last_epoch == 2
+        spark.newSession().sql(f"UPDATE {name} SET v = 99 WHERE id = 1").collect()
+        write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 1, "v": 100}])
+        with pytest.raises(TableStateError, match=r"\(UPDATE at .*others_may_write: false"):
+            Runtime(config, spark).run()
+        assert _last_epoch(tmp_path) == 2
+        assert spark.table(name).where("id = 1").collect()[0]["v"] == 99
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
