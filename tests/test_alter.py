@@ -283,3 +283,34 @@ def test_a_renamed_or_dropped_column_is_refused_while_its_old_name_lands(
     else:
         with pytest.raises(TableStateError, match=refused):
             call()
+
+
+@pytest.mark.slow
+def test_a_catalog_managed_table_named_by_path_is_refused_at_open(spark: Any, tmp_path: Path) -> None:
+    """No catalog runs here, so the table is made catalog-managed by a protocol commit written by
+    hand (as Unity Catalog's would read): delta-spark then blocks its path, and Open says what to
+    do instead of a JVM stack. Nothing is written."""
+    import json
+
+    from materializer.runtime import Runtime
+
+    table = tmp_path / "tables" / "b"
+    config = _config(tmp_path, "run", [binding("b", tmp_path / "src", table)])
+    write_jsonl(tmp_path / "src" / "a.jsonl", FIRST)
+    Runtime(config, spark).run()
+    _sql(spark, table, "ALTER TABLE {t} SET TBLPROPERTIES ('delta.enableInCommitTimestamps' = 'true', "
+         "'delta.feature.vacuumProtocolCheck' = 'supported')")
+    log = table / "_delta_log"
+    version = max(int(p.name.split(".")[0]) for p in log.glob("*.json")) + 1
+    features = ["catalogManaged", "deletionVectors", "vacuumProtocolCheck"]
+    (log / f"{version:020d}.json").write_text(
+        json.dumps({"commitInfo": {"timestamp": 1765000000000, "inCommitTimestamp": 1765000000000, "operation": "UPGRADE PROTOCOL"}})
+        + "\n" + json.dumps({"protocol": {
+            "minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+            "writerFeatures": [*features, "inCommitTimestamp", "invariants", "appendOnly"],
+        }}) + "\n"
+    )
+    write_jsonl(tmp_path / "src" / "b.jsonl", SECOND)
+    with pytest.raises(TableStateError, match=r"is catalog-managed, and Delta refuses access to it by path .*catalog name"):
+        Runtime(config, spark).run()
+    assert _last_epoch(tmp_path) == 1 and len(list(log.glob("*.json"))) == version + 1

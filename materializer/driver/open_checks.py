@@ -88,7 +88,11 @@ class OpenChecks:
             self._check_removed(checkpoint)
         for binding in self.config.bindings:
             table = TableRef(binding.table)
-            state = table_state(self.spark, table, self.config.pipeline_id)
+            try:
+                state = table_state(self.spark, table, self.config.pipeline_id)
+            except Exception as exc:  # noqa: BLE001 - said plainly where Delta blocks a catalog-managed table's path
+                table_changes.raise_refused_access(binding, exc)
+                raise
             if state.txn_version is not None and state.txn_version > last_epoch:
                 raise TableStateError(
                     f"table {binding.table} records epoch {state.txn_version} for pipeline "

@@ -129,6 +129,20 @@ def _check_features(binding: BindingConfig, table: TableRef, properties: dict[st
         )
 
 
+PATH_BLOCKED = "DELTA_PATH_BASED_ACCESS_TO_CATALOG_MANAGED_TABLE_BLOCKED"
+"""delta-spark's refusal (4.1 and later) to read or write a catalog-managed table by its path."""
+
+
+def raise_refused_access(binding: BindingConfig, exc: BaseException) -> None:
+    """Raise the catalog-managed refusal for Delta's own blocking of path access; else return."""
+    if PATH_BLOCKED in str(exc):
+        raise TableStateError(
+            f"binding {binding.name!r}: table {binding.table} is catalog-managed, and Delta refuses access to it by "
+            f"path ({PATH_BLOCKED}): its commits go through the catalog that owns it (Unity Catalog). Name the table "
+            "by its catalog name (catalog.schema.table) in the binding's `table`. Nothing was written."
+        ) from exc
+
+
 def _landing(binding: BindingConfig, name: str) -> bool:
     """Does a top-level field ``name`` of the source land in the table (column control)?"""
     if name in binding.key:
