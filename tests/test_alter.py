@@ -314,3 +314,32 @@ def test_a_catalog_managed_table_named_by_path_is_refused_at_open(spark: Any, tm
     with pytest.raises(TableStateError, match=r"is catalog-managed, and Delta refuses access to it by path .*catalog name"):
         Runtime(config, spark).run()
     assert _last_epoch(tmp_path) == 1 and len(list(log.glob("*.json"))) == version + 1
+
+
+@pytest.mark.slow
+def test_a_rename_while_an_epoch_is_owed_is_refused_until_it_is_undone(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after epoch 2 is in the log: its rows were staged with the old name. A rename then
+    stops the restart at Open (excluding the old name now would change the options of an epoch
+    already staged, which is refused too); renamed back, the restart applies the epoch."""
+    from materializer.runtime import Runtime
+
+    table = tmp_path / "tables" / "b"
+    config = _config(tmp_path, "run", [binding("b", tmp_path / "src", table, max_files=1, properties={"delta.columnMapping.mode": "name"})])
+    write_jsonl(tmp_path / "src" / "a.jsonl", FIRST)
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 1, "v": 10, "w": "b", "z": "b"}])
+    killed = InProcessCrash(monkeypatch, "after-log-commit:2")
+    frozen = killed.run(lambda: Runtime(config, spark).run())
+    try:
+        _sql(spark, table, "ALTER TABLE {t} RENAME COLUMN w TO w2")
+        killed.disarm()
+        with pytest.raises(TableStateError, match=r"column 'w' was renamed to 'w2'.*--max-epochs 0"):
+            Runtime(config, spark).run()
+        _sql(spark, table, "ALTER TABLE {t} RENAME COLUMN w2 TO w")
+        assert Runtime(config, spark).run().last_epoch == 2
+        assert spark.read.format("delta").load(str(table)).columns == ["id", "v", "w", "z"]
+        assert_tables_equal_oracle(spark, config)
+    finally:
+        killed.thaw()
+        frozen.join(60)
