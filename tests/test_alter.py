@@ -161,7 +161,6 @@ def test_alter_between_runs_applies_or_is_refused_before_commit(spark: Any, tmp_
     assert {(r["id"], r["_change_type"]) for r in changes} >= {(1, "update_postimage"), (4, "insert")}
 
 
-@pytest.mark.slow
 def test_a_constraint_added_while_an_epoch_is_owed_stops_its_apply_and_the_epoch_stays_appliable(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,7 +191,6 @@ def test_a_constraint_added_while_an_epoch_is_owed_stops_its_apply_and_the_epoch
         frozen.join(60)
 
 
-@pytest.mark.slow
 def test_coordinated_commits_are_refused_at_open_until_the_feature_is_dropped(spark: Any, tmp_path: Path) -> None:
     from materializer.runtime import Runtime
 
@@ -285,7 +283,6 @@ def test_a_renamed_or_dropped_column_is_refused_while_its_old_name_lands(
             call()
 
 
-@pytest.mark.slow
 def test_a_catalog_managed_table_named_by_path_is_refused_at_open(spark: Any, tmp_path: Path) -> None:
     """No catalog runs here, so the table is made catalog-managed by a protocol commit written by
     hand (as Unity Catalog's would read): delta-spark then blocks its path, and Open says what to
@@ -316,7 +313,6 @@ def test_a_catalog_managed_table_named_by_path_is_refused_at_open(spark: Any, tm
     assert _last_epoch(tmp_path) == 1 and len(list(log.glob("*.json"))) == version + 1
 
 
-@pytest.mark.slow
 def test_a_rename_while_an_epoch_is_owed_is_refused_until_it_is_undone(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

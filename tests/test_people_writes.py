@@ -302,7 +302,6 @@ def test_others_may_write_false_stops_at_a_commit_that_changed_rows_not_at_maint
     assert rows[1]["v"] == 100 and rows[2]["v"] == 200 and rows[5]["v"] == 5
 
 
-@pytest.mark.slow
 def test_others_may_write_false_stops_a_pending_epoch_after_a_persons_delete(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
