@@ -1,5 +1,5 @@
-"""The drill: rounds on scratch copies of the pipeline, and its scenarios (``kills``, ``zombie``,
-``damage``, ``neighbours``), each ending in a verified round."""
+"""The drill: rounds on scratch copies of the pipeline, and its scenarios (``kills``,
+``neighbours``; ``zombie`` and ``damage`` in :mod:`.faults`), each ending in a verified round."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from materializer import __version__, crash, redact
 from materializer.config import load_config, parse_config, unresolve
 from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
-from materializer.tools.drill.damage import DAMAGES, do_damage
+from materializer.tools.drill.damage import DAMAGES
+from materializer.tools.drill import faults
 from materializer.tools.drill.kill import RUN_EVENTS, Child, RunPhase, RunRecord, child_env, kill_live, run_once
 from materializer.tools.drill.maintenance import AUTO_COMPACT_MIN_FILES, GAP, Maintainer, check_operations
 from materializer.tools.drill.plan import (
@@ -160,7 +161,7 @@ class Drill:
             return self._spark
 
     def run(self, plan: Plan, extra_args: tuple[str, ...] = ()) -> RunRecord:
-        self._index += 1
+        self.next_index()
         self.collector.emit(RunStarted(index=self._index, plan=plan.label))
         if self.options.remote and "--remote" not in extra_args:
             # A session id of the drill's choosing: a killed client never releases its session,
@@ -192,15 +193,15 @@ class Drill:
         self.collector.emit(RunEnded(record=record))
         return record
 
-    def cli(self, *args: str) -> tuple[int, str]:
-        """Run another ``materializer`` command (recover) to the end; its exit code and output."""
-        self._index += 1
-        log_path = self.root / "runs" / f"{self._index:04d}-{args[0]}.log"
+    def cli(self, *args: str) -> tuple[int, int, str]:
+        """Run another ``materializer`` command (recover) to the end; its number, exit code and output."""
+        index = self.next_index()
+        log_path = self.root / "runs" / f"{index:04d}-{args[0]}.log"
         child = Child([*args, "--config", str(self.config_path)], child_env(), log_path)
         for _item in child.items():
             pass
         code = child.finish()
-        return code, log_path.read_text()
+        return index, code, log_path.read_text()
 
     def release_sessions(self) -> None:
         """Release the Connect sessions of the runs so far (``--remote``): a killed client's
@@ -392,120 +393,18 @@ class Drill:
         self._stops_in_row += 1
         return self._stops_in_row < 3
 
-    # --- scenario: zombie ---
+    # --- scenarios: zombie, damage (faults.py) ---
 
     def zombie(self, tick: Callable[[], None] = lambda: None) -> None:
-        self.new_round()
-        self._index += 1
-        log_a = self.root / "runs" / f"{self._index:04d}-zombie.log"
-        started = time.monotonic()
-        zombie = Child(["run", "--config", str(self.config_path), *RUN_EVENTS], child_env(), log_a)
-        phase = RunPhase(len(self.known_config.bindings))
-        pause_at: float | None = None
-        delay = self.rng.random() * 0.5
-        for at, typed, line in zombie.items(timeout=self.options.run_timeout):
-            if typed is None:
-                zombie.output.append(line)
-            if phase.feed(at, typed) == "committed" and pause_at is None:
-                pause_at = at + delay
-                while time.monotonic() < pause_at:
-                    time.sleep(0.005)
-                # Pause the whole group (Python and JVM) right after its first log commit,
-                # possibly inside that epoch's MERGE.
-                zombie.signal_group(signal.SIGSTOP)
-                break
-        if pause_at is None:
-            zombie.finish()
-            self.report.problems.append("zombie run ended before committing an epoch: the source is too small")
-            return
-        landed = phase.phase
-        tick()
-        fresh = self.run(Plan("drain"))
-        tick()
-        zombie.signal_group(signal.SIGCONT)
-        for _item in zombie.items(timeout=self.options.run_timeout):
-            pass
-        code = zombie.finish()
-        text = log_a.read_text()
-        self.report.runs.append(
-            RunRecord(
-                round=self.round_no,
-                index=self._index,
-                plan=f"zombie: paused {delay:.2f}s after its first commit, resumed after the new run ended",
-                kind="zombie",
-                point=None,
-                exit_code=code,
-                outcome="fenced" if code == FencedError.exit_code else ("finished" if code == 0 else "failed"),
-                landed=landed,
-                seconds=round(time.monotonic() - started, 2),
-                committed=phase.committed,
-                error="\n".join(l for l in text.splitlines() if l.startswith("error:"))[-2000:],
-            )
-        )
-        if fresh.outcome != "finished":
-            self.report.problems.append(f"the new run did not finish (exit {fresh.exit_code}):\n{fresh.error}")
-        if code != FencedError.exit_code or "fenced" not in text:
-            self.report.problems.append(
-                f"the paused run exited {code} instead of being fenced (exit {FencedError.exit_code}); see {log_a}"
-            )
-        self.verify_round()
-        tick()
-
-    # --- scenario: damage ---
+        faults.zombie(self, tick)
 
     def damage(self, tick: Callable[[], None] = lambda: None) -> None:
-        from materializer.recovery_log import RecoveryLog
-        from materializer.storage import open_store
+        faults.damage(self, tick)
 
-        damages = self.options.damages or list(DAMAGES)
-        self.new_round()
-        # Each damage is done to a different epoch of one pipeline: crash where it leaves the
-        # damaged thing unapplied, damage it, check the next run refuses, recover, go on.
-        setups = {
-            # the commit entry of the epoch is durable, nothing applied yet
-            "torn-log": ("after-log-commit", RecoveryLogError.exit_code),
-            # every table applied the epoch, its entry is then damaged: recover must see that
-            "corrupt-log": ("after-ack-before-gc", RecoveryLogError.exit_code),
-            "missing-staged": ("after-log-commit", StagingError.exit_code),
-            # the first binding applied, the last binding's staged file is then truncated
-            "truncated-staged": ("after-apply" if len(self.known_config.bindings) > 1 else "after-log-commit", StagingError.exit_code),
-        }
-        log = RecoveryLog(open_store(self.config.recovery_log), self.config.pipeline_id)
-        staging = open_store(self.config.staging_root)
-        epoch = 1
-        for name in damages:
-            if name not in setups:
-                raise DrillError(f"unknown damage {name!r}; known: {', '.join(DAMAGES)}")
-            point, want_code = setups[name]
-            epoch += 1
-            record = self.run(Plan("point", point=f"{point}:{epoch}"))
-            if record.outcome != "killed":
-                self.report.problems.append(f"{name}: the run did not stop at {point}:{epoch} ({record.outcome}); source too small?")
-                break
-            what = do_damage(name, log, staging, self.config)
-            self.collector.emit(Damaged(damage=name, what=what))
-            failed = self.run(Plan("drain"))
-            text = (self.root / "runs" / f"{failed.index:04d}.log").read_text()
-            failed.plan = f"after {name}: {what}"
-            if failed.exit_code != want_code:
-                self.report.problems.append(
-                    f"{name} ({what}): the next run exited {failed.exit_code}, expected {want_code} (a clear error)"
-                )
-                break
-            if "materializer recover" not in text:
-                self.report.problems.append(f"{name}: the error does not say how to recover:\n{failed.error}")
-            code, out = self.cli("recover")
-            self.report.runs.append(
-                RunRecord(self.round_no, self._index, f"recover after {name}", "recover", None, code,
-                          "finished" if code == 0 else "failed", error="" if code == 0 else out[-2000:])
-            )
-            if code != 0:
-                self.report.problems.append(f"{name}: `materializer recover` failed (exit {code}):\n{out[-2000:]}")
-                break
-            tick()
-        self.drain()
-        self.verify_round()
-        tick()
+    def next_index(self) -> int:
+        """The number of the next run or command of the drill (its log is ``runs/NNNN….log``)."""
+        self._index += 1
+        return self._index
 
     # --- all ---
 
