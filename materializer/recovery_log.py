@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from materializer import redact
 from materializer.errors import FencedError, RecoveryLogError
 from materializer.protocol import DriverCheckpoint, RuntimeCheckpoint
 from materializer.storage import Store, unsafe_reason
@@ -292,9 +293,13 @@ class RecoveryLog:
     # --- failures (a stuck epoch) ---
 
     def record_failure(self, epoch: int, binding: str, message: str) -> None:
-        """Keep why Delta refused a committed epoch, for ``status`` (best effort: the run stops anyway)."""
+        """Keep why Delta refused a committed epoch, for ``status`` (best effort: the run stops anyway).
+
+        ``message`` is redacted here, the one place a failure is written: an apply's error quotes
+        whatever Spark or a store said (a URL with its userinfo, an option's value), and the file
+        outlives the run and is read by anyone who can list the log (docs: 'Secrets')."""
         try:
-            self.store.put_if_absent(f"{FAILURES}/epoch-{epoch:012d}-{binding}-{self.writer}.txt", message.encode())
+            self.store.put_if_absent(f"{FAILURES}/epoch-{epoch:012d}-{binding}-{self.writer}.txt", redact.text(message).encode())
         except Exception:  # noqa: BLE001 - the apply's error is the one to report
             pass
 

@@ -192,6 +192,22 @@ def test_an_s3_error_hides_the_endpoint_userinfo() -> None:
     assert SECRET not in str(error) and "user:***@" in str(error)
 
 
+def test_a_recorded_apply_failure_is_written_redacted(tmp_path: Path) -> None:
+    """The log's failures/ file outlives the run (``status`` reads it): the exception text Spark
+    gave is redacted where it is written, both a registered secret and one only a pattern shows."""
+    from materializer.recovery_log import FAILURES, RecoveryLog
+    from materializer.storage.local import LocalStore
+
+    redact.remember(SECRET + "-registered")
+    log = RecoveryLog(LocalStore(str(tmp_path / "log")), "p1")
+    log.record_failure(3, "events", f"MERGE failed: option {SECRET}-registered; "
+                                    f"jaas password=\"{SECRET}-jaas\"; s3a://u:{SECRET}-url@bucket/t")
+    written = log.failures()[(3, "events")]
+    assert SECRET not in written and written.count("***") == 3, written
+    assert "MERGE failed" in written  # the reason itself is kept
+    assert _grep(tmp_path / "log" / FAILURES) == [] and list((tmp_path / "log" / FAILURES).iterdir())
+
+
 def test_rotating_a_kafka_password_changes_no_recorded_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from materializer.option_changes import table_options
 
