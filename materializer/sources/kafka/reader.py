@@ -34,6 +34,7 @@ from materializer.sources.kafka import debezium_types as dbz
 from materializer.sources.documents.reader import FIRST_FAILURES, LINE_SHOWN, DocumentReader
 from materializer.sources.json_text import parse_one
 from materializer.sources.kafka.transport import null_envelope
+from materializer.sqltypes import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -386,7 +387,9 @@ class KafkaReader(DocumentReader):
             schema = T.StructType([T.StructField(f.name, T.StringType()) if f.name in binary else f for f in schema.fields])
         rows = self._rows(parsed, schema)
         for name in binary:
-            rows = rows.withColumn(name, F.unbase64(F.col(name)))
+            # Quoted: a column is named by the source database, and F.col reads `a.b` as a field
+            # of `a` and chokes on a backtick; withColumn's name is taken as it is.
+            rows = rows.withColumn(name, F.unbase64(F.col(quote(name))))
         return rows
 
     def _landing(self, schema: "StructType") -> "StructType":
