@@ -10,6 +10,7 @@ the package, so the configuration, below Delta access in the layers, can use it.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,34 @@ RETENTION_WHY = (
     "time, and the materializer's exactly-once rests on them: a committed epoch re-applied after a "
     "crash (or a recovery) would no longer be recognised as applied and its rows would be written twice"
 )
+
+
+CATALOG_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|`[^`]+`")
+"""One part of a catalog name: letters, digits and underscores, or any text but a backtick in
+backticks. A backtick inside is refused, not doubled: a name filled from a topic or a folder
+(``x`.`y``) must not be able to close its part and open another."""
+CATALOG_NAME = re.compile(rf"^(?:{CATALOG_PART.pattern})(?:\.(?:{CATALOG_PART.pattern})){{0,2}}$")
+"""A catalog name as our SQL may splice it: ``table``, ``schema.table`` or ``catalog.schema.table``."""
+CATALOG_NAME_FORM = (
+    "a catalog name is `table`, `schema.table` or `catalog.schema.table`, each part letters, digits and "
+    "underscores, or in backticks holding no backtick (main.bronze.`orders-v2`)"
+)
+
+
+def catalog_parts(name: str) -> list[str] | None:
+    """The parts of catalog name ``name`` (backticks kept), or None if it is not one
+    (:data:`CATALOG_NAME`): the one check every catalog name passes before it reaches SQL text."""
+    if not CATALOG_NAME.match(name):
+        return None
+    return CATALOG_PART.findall(name)
+
+
+def suffixed(table: str, suffix: str) -> str:
+    """``table`` with ``suffix`` appended to its last part: inside the backticks of a catalog
+    name's quoted part (main.b.`t-1` -> main.b.`t-1_dead_letters`), so the result is still one."""
+    if table.endswith("`") and not TableRef(table).is_path:
+        return table[:-1] + suffix + "`"
+    return table.rstrip("/") + suffix
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,9 @@ from pydantic import ValidationError
 from materializer.config import BindingConfig, BindingTemplate, PipelineConfig, routed_found, routed_values
 from materializer.errors import ConfigError, SourceError
 from materializer.storage import local_path, open_store
-from materializer.tables import TableRef, config_identity
+from materializer.tables import CATALOG_NAME_FORM, TableRef, catalog_parts, config_identity, suffixed
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CATALOG_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)){0,2}$")
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def _make_unrouted(template: BindingTemplate, index: int, found: str) -> Made | 
     source = template.source.model_dump(by_alias=True, exclude_unset=True, exclude={"topic_pattern", "folders_in", "route_by"})
     source.update(topic=topic, unrouted=sorted((template.source.route_by or {}).values()))
     # Never written, but a table is a binding's identity: one per topic when a pattern gives several.
-    table = dead_letters + UNROUTED_SUFFIX + ("" if template.source.topic_pattern is None else "_" + safe)
+    table = suffixed(dead_letters, UNROUTED_SUFFIX + ("" if template.source.topic_pattern is None else "_" + safe))
     data.update(name=name, table=table, dead_letter_table=dead_letters, source=source)
     try:
         binding = BindingConfig.model_validate(data)
@@ -147,6 +146,30 @@ def _make_unrouted(template: BindingTemplate, index: int, found: str) -> Made | 
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'binding'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"templates[{index}]: the binding for topic {topic!r} records that name no table is invalid: {problems}") from None
     return Made(index, source_id(template, found), binding)
+
+
+def _check_catalog_name(template: BindingTemplate, option: str, values: dict[str, str], what: str) -> None:
+    """A catalog name a template fills from a topic, a folder or a routed value (all untrusted)
+    must come out as a catalog name with as many parts as the template's own: a value must not
+    turn a path into a name (``x:y``), or close its backticked part and open another (``x`.`y``),
+    or add a part (``bronze.{folder}`` with folder ``x.y``): each would move the table into a
+    schema the template does not name (docs: 'What it never trusts')."""
+    pattern = getattr(template, option)
+    if pattern is None:
+        return
+    made = pattern.format_map(values)
+    # The template's own shape: its placeholders filled with a value that is one plain part.
+    shape = pattern.format_map({k: "x" for k in values})
+    if TableRef(shape).is_path:
+        return  # a path: the '/' and '..' check above keeps it in the template's folder
+    parts, expected = catalog_parts(made), catalog_parts(shape)
+    if parts is None or expected is None or len(parts) != len(expected):
+        raise ConfigError(
+            f"{what} makes the {option} {made!r} ({option}: {pattern!r}), which is not a catalog name of the template's "
+            f"{len(expected or [])} part(s): {CATALOG_NAME_FORM}, and a placeholder's value may not add a part. Nothing "
+            "was read or written. Rename the topic or folder, or fill the name from parts that are names, e.g. a named "
+            "group of topic_pattern, or write the part in backticks: main.bronze.`{topic}`"
+        )
 
 
 def make(config: PipelineConfig, index: int, found: str) -> Made | None:
@@ -172,12 +195,8 @@ def make(config: PipelineConfig, index: int, found: str) -> Made | None:
     table = template.table.format_map(values)
     if "/" in "".join(values.values()) or any(v in (".", "..") for v in values.values()):
         raise ConfigError(f"{where}: {what} would make the table {table!r} outside the template's folder; rename it")
-    if not TableRef(table).is_path and not _CATALOG_NAME.match(table):
-        raise ConfigError(
-            f"{where}: {what} makes the table {table!r} (table: {template.table!r}), which is not a catalog name "
-            "(catalog.schema.table of letters, digits and underscores): fill the table from parts that are, e.g. a "
-            "named group of topic_pattern, or write the part in backticks: main.bronze.`{topic}`"
-        )
+    for option in ("table", "dead_letter_table", "view"):
+        _check_catalog_name(template, option, values, f"{where}: {what}")
     try:
         binding = BindingConfig.model_validate(template.binding_data(found, values))
     except ValidationError as exc:

@@ -103,6 +103,58 @@ def test_a_catalog_table_that_is_not_a_name_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    "option, pattern, folder",
+    [
+        # a folder closing its backticked part and opening another: catalog bronze, schema x
+        ("table", "bronze.`{folder}`", "x`.`y"),
+        ("table", "main.bronze.`{folder}`", "x`.`y"),
+        # an unquoted part: a dot adds a part, a colon makes a path of the name
+        ("table", "bronze.{folder}", "x.y"),
+        ("table", "{folder}", "x:y"),
+        # the dead-letter table, filled from the folder too
+        ("dead_letter_table", "rejects.`{folder}`", "x`.`y"),
+        ("dead_letter_table", "rejects.{folder}", "x.y"),
+        ("dead_letter_table", "main.rejects.`{folder}`", "a`; DROP TABLE t; --"),
+        ("view", "live.`{folder}`", "x`.`y"),
+    ],
+)
+def test_a_folder_cannot_move_a_catalog_table_to_another_schema(option: str, pattern: str, folder: str) -> None:
+    """A folder's name is untrusted (issue #66 item 3): every catalog name a template fills from it
+    passes the one check, and keeps the template's parts, before any SQL is written."""
+    extra: dict[str, Any] = {"on_invalid": "dead_letter", option: pattern} if option == "dead_letter_table" else {option: pattern}
+    template = _folders(name="b", **extra)  # one binding, named without the folder (the name has its own check)
+    if option != "table":
+        template["table"] = "/d/{folder}"
+    config = _config(template)
+    with pytest.raises(ConfigError, match=rf"templates\[0\]: folder '.*' makes the {option} .*Rename the topic or folder") as caught:
+        expand(config, {0: [folder]})
+    assert repr(folder) in str(caught.value)
+    # the same template with a folder that is a name makes its binding
+    made = expand(config, {0: ["orders"]}).config.bindings[0]
+    assert "orders" in str(getattr(made, option))
+
+
+@pytest.mark.parametrize("table", ["main.s.t; DROP TABLE x", "a.b.c.d", "s.`t`.`u``v`", "a`.`b", "s.t--"])
+@pytest.mark.parametrize("option", ["table", "dead_letter_table"])
+def test_a_configured_catalog_name_is_checked_like_a_made_one(table: str, option: str) -> None:
+    from materializer.delta.names import sql_name
+    from materializer.tables import TableRef
+
+    binding: dict[str, Any] = {"name": "b", "source": {"format": "documents", "path": "/x"}, "table": "/d/t", "key": ["id"],
+                               "on_invalid": "dead_letter", option: table}
+    with pytest.raises(ConfigError, match=rf"{option}: .* is neither a path nor a catalog name"):
+        _config(bindings=[binding])
+    # and where SQL is written, for a name that came some other way
+    with pytest.raises(ConfigError, match="is neither a path nor a catalog name"):
+        sql_name(TableRef(table))
+
+
+def test_a_quoted_catalog_table_gets_its_dead_letter_table_inside_the_quotes() -> None:
+    binding = {"name": "b", "source": {"format": "documents", "path": "/x"}, "table": "main.s.`t-1`", "key": ["id"], "on_invalid": "dead_letter"}
+    assert _config(bindings=[binding]).bindings[0].dead_letters == "main.s.`t-1_dead_letters`"
+
+
+@pytest.mark.parametrize(
     "template, message",
     [
         # a placeholder the template does not fill

@@ -9,12 +9,10 @@ from pydantic import Field, field_validator, model_validator
 
 from materializer.config.base import Model
 from materializer.config.source import SourceConfig
-from materializer.tables import DELETION_VECTORS, retention_problem
+from materializer.tables import CATALOG_NAME, CATALOG_NAME_FORM, DELETION_VECTORS, TableRef, retention_problem, suffixed
 
 Strategy = Literal["lastWriteWins", "firstWriteWins", "sum", "min", "max", "merge", "append"]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_VIEW_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
-_VIEW_NAME = re.compile(rf"^{_VIEW_PART}(?:\.{_VIEW_PART}){{0,2}}$")
 
 
 class BindingConfig(Model):
@@ -23,7 +21,8 @@ class BindingConfig(Model):
     source: SourceConfig
     """Where the collection's changes come from."""
     table: str
-    """Delta table: a path, an ``s3a://`` URI, or a catalog name ``catalog.schema.table``."""
+    """Delta table: a path, an ``s3a://`` URI, or a catalog name ``catalog.schema.table`` (each part
+    letters, digits and underscores, or in backticks holding no backtick: ``main.bronze.`orders-v2```)."""
     key: list[str] = Field(min_length=1)
     """Key fields: one row per key in standard mode."""
     mode: Literal["standard", "delta_updates", "scd2"] = "standard"
@@ -89,7 +88,7 @@ class BindingConfig(Model):
     contradict each other still stops the run (docs: 'The cdcv2 source')."""
     dead_letter_table: str | None = None
     """With ``on_invalid: dead_letter``: the dead-letter Delta table (default: the table's path or
-    name with ``_dead_letters`` appended). Several bindings may share one (its ``binding`` column
+    name with ``_dead_letters`` appended; a catalog name of the same form as ``table``). Several bindings may share one (its ``binding`` column
     tells their rows apart); it may not be a binding's table."""
 
     view: str | None = None
@@ -107,7 +106,7 @@ class BindingConfig(Model):
         """The dead-letter table, when this binding has one."""
         if self.on_invalid != "dead_letter":
             return None
-        return self.dead_letter_table or self.table.rstrip("/") + "_dead_letters"
+        return self.dead_letter_table or suffixed(self.table, "_dead_letters")
 
     @field_validator("properties", mode="before")
     @classmethod
@@ -131,8 +130,17 @@ class BindingConfig(Model):
             raise ValueError("dead_letter_table is for on_invalid: dead_letter")
         if self.source.unrouted is not None and self.on_invalid != "dead_letter":
             raise ValueError("source.unrouted is for on_invalid: dead_letter (every record it keeps is a dead letter)")
+        for option in ("table", "dead_letter_table"):
+            value = getattr(self, option)
+            # Our SQL splices a catalog name as it is written (DESCRIBE HISTORY main.s.t): only the
+            # one form that cannot hold a second statement or another schema's name gets there.
+            if value is not None and not TableRef(value).is_path and not CATALOG_NAME.match(value):
+                raise ValueError(
+                    f"{option}: {value!r} is neither a path nor a catalog name: {CATALOG_NAME_FORM}. Give a path "
+                    "(/data/delta/t, s3a://bucket/t) or a catalog name of that form"
+                )
         if self.view is not None:
-            if not _VIEW_NAME.match(self.view):
+            if not CATALOG_NAME.match(self.view):
                 raise ValueError(
                     f"view: {self.view!r} is not a catalog name: give `view`, `schema.view` or `catalog.schema.view` "
                     "(letters, digits and underscores, or a part in backticks); a path table's live rows are a query "

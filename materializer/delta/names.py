@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from materializer.sqltypes import literal, quote  # noqa: F401 - re-exported: the floor of all SQL text holds them
-from materializer.tables import TableRef
+from materializer.errors import ConfigError
+from materializer.tables import CATALOG_NAME_FORM, TableRef, catalog_parts
 
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -31,7 +32,14 @@ def parse_user_metadata(value: str | None) -> dict[str, Any] | None:
 
 
 def sql_name(table: TableRef) -> str:
-    """The table as Delta's SQL names it: ``delta.`<path>``` or the catalog name as given."""
+    """The table as Delta's SQL names it: ``delta.`<path>``` or the catalog name as given, once it
+    is one (:func:`materializer.tables.catalog_parts`, the check the configuration makes too)."""
     if table.is_path:
         return "delta." + quote(table.location)
+    if catalog_parts(table.location) is None:
+        # Spliced as written: anything but the one form could end the statement or name another schema.
+        raise ConfigError(
+            f"table {table.location!r} is neither a path nor a catalog name: {CATALOG_NAME_FORM}. Nothing was read or "
+            "written; give the binding's table (or dead_letter_table) as a path or a catalog name of that form"
+        )
     return table.location
