@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from materializer import option_changes
 from materializer.config import BindingConfig, PipelineConfig
-from materializer.driver import table_changes
+from materializer.driver import rollbacks, table_changes
 from materializer.delta import (
     TableRef,
     TableWriters,
@@ -80,6 +80,8 @@ class OpenChecks:
 
         * a later epoch than the log: the log was lost or swapped;
         * a table this pipeline wrote rows to that is gone: deleted or moved by someone;
+        * a table rolled back below the epochs the log says it holds (RESTORE, REPLACE, a CLONE or an
+          older copy in its place): :mod:`materializer.driver.rollbacks`;
         * commits of another pipeline or binding, or another writer's txn ids: a rename or a new
           pipeline_id over existing tables would read the source again and write it twice.
         """
@@ -106,6 +108,9 @@ class OpenChecks:
                 continue
             self._check_layout(binding, table)
             writers = self._check_writers(binding, table)
+            rollbacks.check(
+                self.spark, binding, table, state.version, state.txn_version, writers, self.config.pipeline_id, checkpoint
+            )
             self._check_changes(binding, table, writers)
             self._check_options(binding, table, state.txn_version, checkpoint, last_epoch)
 
