@@ -14,7 +14,7 @@ the session's time zone). Floating-point keys get none (NaN and -0.0 make bounds
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from materializer.delta import literal, quote
 from materializer.errors import RecoveryLogError
@@ -81,6 +81,28 @@ def _literal(text: str, kind: str) -> str:
         f"a key bound {text!r} of kind {kind!r} is not a value of that kind; the recovery log entry that holds it "
         "was edited or damaged: restore the log from its copy, or run `materializer recover` to rebuild it"
     )
+
+
+_KIND = re.compile(r"integer|string|date|timestamp|decimal\(([0-9]{1,2}),([0-9]{1,2})\)")
+
+
+def bound_problem(name: str, bound: Any, key: Sequence[str] | None) -> str | None:
+    """Why key bound ``name: bound`` read back from the recovery log is none that :func:`bounds_from`
+    writes (None: it could be): a column that is not one of ``key`` (None: the key is not known
+    here), not ``[kind, low, high]``, a kind outside :func:`_kind`'s, or values not of the kind.
+    Checked when the entry is read, so a damaged entry stops the read, not the MERGE it reaches."""
+    if key is not None and name not in key:
+        return f"{name!r} is not a key column of the binding (its key: {', '.join(key)})"
+    if not isinstance(bound, list) or len(bound) != 3 or not all(isinstance(v, str) for v in bound):
+        return f"the bound of {name!r} is not [kind, low, high]"
+    kind, low, high = bound
+    if not _KIND.fullmatch(kind):
+        return f"the bound of {name!r} has kind {kind!r}, none of integer, decimal(p,s), string, date and timestamp"
+    try:
+        _literal(low, kind), _literal(high, kind)
+    except ForgedBound:
+        return f"the bound of {name!r}, {low!r} to {high!r}, is not a value of kind {kind!r}"
+    return None
 
 
 def bound_aggregates(schema: Any, key: list[str]) -> tuple[list["Column"], dict[str, str]]:

@@ -21,11 +21,12 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from materializer import redact
+from materializer.bounds import bound_problem
 from materializer.errors import FencedError, RecoveryLogError
 from materializer.protocol import DriverCheckpoint, RuntimeCheckpoint
 from materializer.storage import Store, unsafe_reason
@@ -73,7 +74,9 @@ def encode(entry: LogEntry) -> bytes:
     return json.dumps({"checksum": f"sha256:{checksum}", "entry": body}, sort_keys=True, indent=1).encode()
 
 
-def decode(data: bytes, where: str) -> LogEntry:
+def decode(data: bytes, where: str, keys: Mapping[str, Sequence[str]] | None = None) -> LogEntry:
+    """The entry ``data`` holds, checked whole (checksum, shape, staged files, key bounds) before
+    anything uses it. ``keys``: each binding's key columns (:func:`binding_keys`), where known."""
     advice = (
         "the entry was damaged after it was written (logs are only ever written whole). "
         "Restore it from a backup, or stop the pipeline and run `materializer recover --config F` "
@@ -96,7 +99,14 @@ def decode(data: bytes, where: str) -> LogEntry:
     except ValidationError as exc:
         raise RecoveryLogError(f"recovery log entry {where} has an unexpected shape: {exc}") from None
     _check_staged_uris(entry, where)
+    _check_key_bounds(entry, where, keys or {})
     return entry
+
+
+def binding_keys(bindings: Iterable[Any]) -> dict[str, list[str]]:
+    """Each binding's key columns by its name and its previous names (an entry of before a rename
+    names it the old way): what :func:`decode` checks an entry's key bounds against."""
+    return {name: list(b.key) for b in bindings for name in (b.name, *b.previous_names)}
 
 
 def _check_staged_uris(entry: LogEntry, where: str) -> None:
@@ -121,6 +131,28 @@ def _check_staged_uris(entry: LogEntry, where: str) -> None:
             )
 
 
+def _check_key_bounds(entry: LogEntry, where: str, keys: Mapping[str, Sequence[str]]) -> None:
+    """Refuse an entry whose staged files carry key bounds this version never writes, before the
+    MERGE is built from them: the bounds become SQL text (materializer.bounds), so a column that
+    is not the binding's key, or a kind or value that is not one, is damage (issue #66 item 4).
+    A binding whose key is not known here (a log read without its configuration) has its kinds
+    and values checked; its columns are checked where the run reads the entry."""
+    checkpoint = entry.driver_checkpoint
+    if checkpoint is None:
+        return
+    for binding, staged in checkpoint.staged.items():
+        for name, bound in ((staged.key_bounds or {}) if staged is not None else {}).items():
+            reason = bound_problem(name, bound, keys.get(binding))
+            if reason is not None:
+                raise RecoveryLogError(
+                    f"recovery log entry {where} (epoch {entry.epoch}) holds the key bound {name!r}: {bound!r} in "
+                    f"driver_checkpoint.staged.{binding}.key_bounds, and {reason}: no version of the materializer writes "
+                    "that, so the entry was changed by hand or damaged. Nothing was applied. Stop the pipeline and run "
+                    "`materializer recover --config F`, which keeps the entry's bytes and replaces it (docs: "
+                    "'Recovering from damage')."
+                )
+
+
 @dataclass(frozen=True)
 class LogState:
     last_seq: int
@@ -138,9 +170,19 @@ class LogState:
 class RecoveryLog:
     """One pipeline's log in a store. A writer calls :meth:`open` once, then :meth:`commit`."""
 
-    def __init__(self, store: Store, pipeline_id: str, *, retention: int = 10, writer: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        pipeline_id: str,
+        *,
+        retention: int = 10,
+        writer: str | None = None,
+        keys: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.store = store
         self.pipeline_id = pipeline_id
+        self.keys: Mapping[str, Sequence[str]] = keys or {}
+        """Each binding's key columns (:func:`binding_keys`): every entry read has its key bounds checked against them."""
         self.retention = retention
         self.writer = writer or uuid.uuid4().hex[:12]
         self._next_seq: int | None = None
@@ -161,7 +203,7 @@ class RecoveryLog:
             data = self.store.get(path)
         except FileNotFoundError:
             raise RecoveryLogError(f"recovery log entry {self.store.uri}/{path} vanished while being read") from None
-        entry = decode(data, f"{self.store.uri}/{path}")
+        entry = decode(data, f"{self.store.uri}/{path}", self.keys)
         if entry.seq != seq:
             raise RecoveryLogError(f"recovery log entry {self.store.uri}/{path} claims sequence {entry.seq}")
         if entry.pipeline_id != self.pipeline_id:

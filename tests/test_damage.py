@@ -20,7 +20,7 @@ import pytest
 from materializer.config import load_config
 from materializer.delta import TableRef, history
 from materializer.errors import MaterializerError, RecoveryLogError, StagingError
-from materializer.recovery_log import RecoveryLog, entry_path
+from materializer.recovery_log import RecoveryLog, encode, entry_path
 from materializer.runtime import Runtime
 from materializer.storage import open_store
 from materializer.tools.recover import recover
@@ -55,6 +55,18 @@ def _tear_log(config: Any) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _forge_bounds(config: Any) -> None:
+    """The last entry rewritten by hand, checksum recomputed: a key bound naming a column that is no key."""
+    log = RecoveryLog(open_store(config.recovery_log), PIPELINE)
+    entry = log.read().last_commit
+    assert entry is not None and entry.epoch == 2 and entry.driver_checkpoint is not None
+    staged = {n: f.model_copy(update={"key_bounds": {"n": ["integer", "0", "1"]}}) if f is not None else None
+              for n, f in entry.driver_checkpoint.staged.items()}
+    assert any(staged.values())
+    forged = entry.model_copy(update={"driver_checkpoint": entry.driver_checkpoint.model_copy(update={"staged": staged})})
+    Path(log.store.spark_path(entry_path(entry.seq))).write_bytes(encode(forged))
+
+
 def _truncate_staged(config: Any) -> None:
     entry = RecoveryLog(open_store(config.recovery_log), PIPELINE).read().last_commit
     assert entry is not None and entry.epoch == 2 and entry.driver_checkpoint is not None
@@ -70,6 +82,7 @@ def _truncate_staged(config: Any) -> None:
 # (damage, where the run stops in epoch 2, what the next run must raise, how the state is damaged)
 DAMAGES = [
     ("torn-log", "after-log-commit:2", RecoveryLogError, _tear_log),
+    ("forged-bounds", "after-log-commit:2", RecoveryLogError, _forge_bounds),
     ("truncated-staged", "after-apply:2", StagingError, _truncate_staged),
 ]
 
@@ -87,7 +100,7 @@ def test_damage_stops_the_next_run_and_recover_repairs_it(
         killed.disarm()
         with pytest.raises(error, match="materializer recover"):
             Runtime(config, spark).run()
-        assert error.exit_code == {"torn-log": 5, "truncated-staged": 6}[name]  # what the drill checks of the CLI
+        assert error.exit_code == {"torn-log": 5, "forged-bounds": 5, "truncated-staged": 6}[name]  # what the drill checks of the CLI
         recover(config, spark)
         assert Runtime(config, spark).run().last_epoch == 3
         assert_tables_equal_oracle(spark, config_path)

@@ -59,6 +59,63 @@ def test_true_bounds_render_as_before() -> None:
     )
 
 
+def _log_with_bounds(tmp_path: Any, bounds: dict[str, Any]) -> Any:
+    """A log whose last commit entry was rewritten by hand with ``bounds`` on binding b's staged
+    file, its checksum recomputed as an attacker would (encode does exactly that)."""
+    from materializer.protocol import DriverCheckpoint, StagedFile
+    from materializer.recovery_log import RecoveryLog, encode, entry_path
+    from materializer.storage.local import LocalStore
+
+    store = LocalStore(str(tmp_path / "log"))
+    log = RecoveryLog(store, "p")
+    log.open()
+    staged = StagedFile(uri="staged/epoch-000000000001/b-0123456789ab", rows=1, bytes=1, files=1, key_bounds={"id": ["integer", "1", "9"]})
+    entry = log.commit(1, {}, DriverCheckpoint(epoch=1, staged={"b": staged}))
+    forged = entry.model_copy(update={"driver_checkpoint": DriverCheckpoint(
+        epoch=1, staged={"b": staged.model_copy(update={"key_bounds": bounds})})})
+    (tmp_path / "log" / entry_path(entry.seq)).write_bytes(encode(forged))
+    return store
+
+
+@pytest.mark.parametrize("bounds, keys, reason", [
+    # a column that is not the binding's key: quote() makes it an identifier, but the MERGE would
+    # then bound a column the staged rows say nothing about (rows of the table left unmatched)
+    ({"name": ["string", "41", "42"]}, {"b": ["id"]}, "'name' is not a key column of the binding"),
+    ({"id` OR true OR `x": ["integer", "1", "2"]}, {"b": ["id"]}, "is not a key column"),
+    ({"id": ["integer", "1", "9"], "other": ["integer", "1", "9"]}, {"b": ["id"], "old_b": ["id"]}, "'other' is not a key column"),
+    # a kind or a value that is not one: refused whether or not the keys are known
+    ({"id": ["float", "1", "2"]}, {}, "has kind 'float'"),
+    ({"id": ["decimal(10,2)) OR (true", "1.5", "2.5"]}, {"b": ["id"]}, "has kind"),
+    ({"id": ["integer", "1 OR true", "2"]}, {}, "is not a value of kind 'integer'"),
+    ({"id": ["integer", "1"]}, {}, "is not \\[kind, low, high\\]"),
+])
+def test_forged_key_bounds_are_refused_where_the_entry_is_read(tmp_path: Any, bounds: dict[str, Any], keys: dict[str, list[str]], reason: str) -> None:
+    """Issue #66 item 4: the bounds are checked when the recovery log is read (the run reads it with
+    each binding's key), so a damaged entry stops before any SQL is built, naming the entry, the
+    field and `materializer recover`, as a forged staged URI does."""
+    from materializer.errors import RecoveryLogError
+    from materializer.recovery_log import RecoveryLog
+
+    store = _log_with_bounds(tmp_path, bounds)
+    with pytest.raises(RecoveryLogError, match=reason) as refused:
+        RecoveryLog(store, "p", keys=keys).read()
+    message = str(refused.value)
+    assert "entries/00000000000000000002.json" in message and "driver_checkpoint.staged.b.key_bounds" in message
+    assert "materializer recover" in message and "changed by hand or damaged" in message
+
+
+def test_true_key_bounds_read_back_with_the_keys(tmp_path: Any) -> None:
+    from materializer.recovery_log import RecoveryLog, binding_keys
+    from materializer.config import parse_config
+
+    config = parse_config({"pipeline_id": "p", "recovery_log": "/l", "staging": "/s", "bindings": [
+        {"name": "b", "previous_names": ["old_b"], "table": "/t", "key": ["id", "k2"], "source": {"format": "documents", "path": "/x"}}]}, "t")
+    assert binding_keys(config.bindings) == {"b": ["id", "k2"], "old_b": ["id", "k2"]}
+    store = _log_with_bounds(tmp_path, {"id": ["integer", "-3", "17"], "k2": ["decimal(10,2)", "1.50", "2"]})
+    last = RecoveryLog(store, "p", keys=binding_keys(config.bindings)).read().last_commit
+    assert last is not None and last.driver_checkpoint.staged["b"].key_bounds["k2"] == ["decimal(10,2)", "1.50", "2"]  # type: ignore[union-attr]
+
+
 # --- hostile field names through whole runs, on every mode ------------------------------------
 
 FIELDS = ["x'", "p'||'q", "a\\b", "/**/c", "ü'ñ", 'q"', "x?", "$[0]", "--c", "a.b", "\\'"]

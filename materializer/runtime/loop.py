@@ -11,7 +11,7 @@ from materializer.driver import DeltaDriver
 from materializer.errors import ApplyError, ConfigError, FencedError
 from materializer.progress import Collector, ProgressTracker, utc_now
 from materializer.protocol import Acknowledge, Acknowledged, Driver, DriverCheckpoint, Open, StartedCommit
-from materializer.recovery_log import LogEntry, RecoveryLog
+from materializer.recovery_log import LogEntry, RecoveryLog, binding_keys
 from materializer.runtime.apply import BackgroundApply, KeepAlive
 from materializer.runtime.stager import EpochStager, advanced
 from materializer.runtime.summary import EpochSummary, RunSummary
@@ -68,7 +68,10 @@ class Runtime:
         self.collector = ProgressTracker(collector or Collector(), config.pipeline_id)
         self.staging = open_store(config.staging_root)
         self.staging_area = StagingArea.of(config, self.staging)
-        self.log = RecoveryLog(open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention)
+        # With each binding's key: an entry whose key bounds name other columns is refused as it is read.
+        self.log = RecoveryLog(
+            open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, keys=binding_keys(config.bindings)
+        )
         self.driver: Driver = driver or DeltaDriver(spark, config, self.staging, self.collector, fence_check=self._fence_check)
         self.sources = sources if sources is not None else {b.name: open_source(b, self.staging) for b in config.bindings}
         for source in self.sources.values():

@@ -49,7 +49,7 @@ from materializer.errors import ConfigError, RecoveryLogError, StagingError, Tab
 from materializer.progress import Collector
 from materializer.protocol import Acknowledge, DriverCheckpoint, StagedFile
 from materializer.runtime import as_recorded
-from materializer.recovery_log import LogEntry, RecoveryLog, decode, encode, entry_path
+from materializer.recovery_log import LogEntry, RecoveryLog, binding_keys, decode, encode, entry_path
 from materializer.sources.formats import open_source
 from materializer.staging import StagingArea
 from materializer.storage import open_store
@@ -82,7 +82,7 @@ def _repair_entries(log: RecoveryLog, summary: RecoverySummary) -> None:
         except FileNotFoundError:
             continue
         try:
-            entry = decode(data, where)
+            entry = decode(data, where, log.keys)
             if entry.seq != seq:
                 raise RecoveryLogError(f"recovery log entry {where} claims sequence {entry.seq}")
         except RecoveryLogError as exc:
@@ -113,9 +113,14 @@ def recover(config: PipelineConfig, spark: "SparkSession", collector: Collector 
     log = RecoveryLog(
         open_store(config.recovery_log), config.pipeline_id, retention=config.log_retention, writer=f"recover-{uuid.uuid4().hex[:8]}"
     )
+    log.keys = binding_keys(config.bindings)
     _repair_entries(log, summary)
     # Bindings made from templates: those the last committed epoch covers (no broker or folder asked).
     config = as_recorded(config)
+    if config.bindings and binding_keys(config.bindings) != log.keys:
+        # Their keys are known only now: an entry whose key bounds name other columns is damage too.
+        log.keys = binding_keys(config.bindings)
+        _repair_entries(log, summary)
     # Open first: its fence stops any run still active before anything is re-staged.
     state = log.open()
     last = state.last_commit
