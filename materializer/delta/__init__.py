@@ -12,12 +12,13 @@ The package, one job a module (each imports only those listed after it):
   where :mod:`~materializer.delta.trust` says this process sees the files as Spark does, else Spark);
 * :mod:`~materializer.delta.reads`: DESCRIBE DETAIL and HISTORY, schema and properties, rows, identity;
 * :mod:`~materializer.delta.names`, :mod:`~materializer.delta.conflicts`: the txn confs, the commit
-  tag and SQL names; a lost commit race told by type or error class.
+  tag and SQL names; a lost commit race told by type or error class, the commit that won it, and
+  whether a retry may write after it.
 """
 
 from __future__ import annotations
 
-from materializer.delta.conflicts import error_condition, is_commit_conflict
+from materializer.delta.conflicts import OtherCommit, blocking_commit, conflict_name, error_condition, is_commit_conflict
 from materializer.delta.names import (
     TXN_APP_ID,
     TXN_VERSION,
@@ -51,8 +52,8 @@ from materializer.delta.writers import TableWriters, table_writers, writers_with
 from materializer.tables import TableRef
 
 __all__ = [
-    "TXN_APP_ID", "TXN_VERSION", "USER_METADATA", "TableRef", "TableState", "TableWriters",
-    "delta_rs_storage_options", "detail", "error_condition", "exists", "history", "is_commit_conflict",
+    "OtherCommit", "TXN_APP_ID", "TXN_VERSION", "USER_METADATA", "TableRef", "TableState", "TableWriters",
+    "blocking_commit", "conflict_name", "delta_rs_storage_options", "detail", "error_condition", "exists", "history", "is_commit_conflict",
     "latest_version", "metadata_fingerprint", "literal", "parse_user_metadata", "quote", "read_table",
     "read_txn_without_spark", "schema_and_properties", "sql_name", "table_identity", "table_location",
     "table_state", "table_version", "table_writers", "txn_version", "user_metadata", "writers_without_spark",
