@@ -100,3 +100,20 @@ class TxnNotRecordedError(MaterializerError):
     would apply twice, so nothing more is applied (DESIGN invariant 13)."""
 
     exit_code = 11
+
+
+class CommitConflictError(MaterializerError):
+    """Other commits kept winning the race to commit an epoch's apply: retried as Delta's conflict
+    rules allow, then stopped. The epoch stays committed in the recovery log, unapplied to this
+    table: the next run applies it, once."""
+
+    exit_code = 12
+    transient = True
+
+    def __init__(self, message: str, *, epoch: int, binding: str, version: int | None = None, operation: str | None = None) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.binding = binding
+        self.version = version
+        """The Delta version of the last commit that won (None: the table's history could not be read)."""
+        self.operation = operation

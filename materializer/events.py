@@ -118,6 +118,8 @@ class Applied(Event):
     metrics: Mapping[str, int] = field(default_factory=dict)
     """The MERGE's (or append's) own operation metrics."""
     seconds: float | None = None
+    conflicts_retried: int = 0
+    """Attempts whose commit lost to a concurrent one and were retried (0 in a quiet run)."""
 
     @classmethod
     def of(cls, result: Any, *, epoch: int, seconds: float | None) -> "Applied":
@@ -125,6 +127,7 @@ class Applied(Event):
         return cls(
             epoch=epoch, binding=result.binding, table=result.table, status=result.status, rows=result.rows,
             delta_version=result.delta_version, metrics=dict(result.metrics), seconds=seconds,
+            conflicts_retried=int(getattr(result, "conflicts_retried", 0) or 0),
         )
 
 
@@ -184,6 +187,9 @@ class BindingProgress:
     caught up)."""
     delete_retention_ms: int | None = None
     """That partition's topic's ``delete.retention.ms``."""
+    conflicts_retried: int = 0
+    """Attempts of the apply whose commit lost to a concurrent one (a compaction, a person's
+    UPDATE) and were retried under Delta's conflict rules."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,8 @@ class EpochProgress:
     """The compacted partition nearest to its window, over the bindings: its first unread record's age."""
     delete_retention_ms: int | None = None
     """That partition's ``delete.retention.ms``."""
+    conflicts_retried: int = 0
+    """Apply attempts that lost to a concurrent commit and were retried, over the bindings."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -51,6 +51,11 @@ class PrometheusCollector(Collector):
         )
         self.lag_files = Gauge(f"{NAMESPACE}_source_lag_files", "Source files not read yet.", labels, registry=r)
         self.lag_bytes = Gauge(f"{NAMESPACE}_source_lag_bytes", "Source bytes not read yet.", labels, registry=r)
+        self.conflicts_retried = Counter(
+            f"{NAMESPACE}_commit_conflicts_retried",
+            "Apply attempts whose Delta commit lost to a concurrent one (a compaction, a person's write) and were retried.",
+            labels, registry=r,
+        )
         self._textfile: str | None = None
 
     def emit(self, event: Event) -> None:
@@ -73,6 +78,8 @@ class PrometheusCollector(Collector):
                 self.merge_rows.labels(p, name, action).inc(value or 0)
             if b.status:
                 self.applies.labels(p, name, b.status).inc()
+                # 0 too: the series is there from a binding's first apply, so a rate is defined.
+                self.conflicts_retried.labels(p, name).inc(b.conflicts_retried)
             if b.lag_files is not None:
                 self.lag_files.labels(p, name).set(b.lag_files)
             if b.lag_bytes is not None:

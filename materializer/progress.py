@@ -190,6 +190,7 @@ class ProgressTracker(Collector):
                     status=event.status,
                     delta_version=event.delta_version,
                     apply_seconds=event.seconds,
+                    conflicts_retried=int(event.conflicts_retried or 0),
                     inserted=_metric(metrics, "num_inserted_rows", "numTargetRowsInserted", "appended_rows"),
                     updated=_metric(metrics, "num_updated_rows", "numTargetRowsUpdated"),
                     deleted=_metric(metrics, "num_deleted_rows", "numTargetRowsDeleted"),
@@ -243,6 +244,7 @@ class ProgressTracker(Collector):
             lag_records=total(b.lag_records for b in bindings),
             oldest_unread_ms=nearest.oldest_unread_ms if nearest else None,
             delete_retention_ms=nearest.delete_retention_ms if nearest else None,
+            conflicts_retried=sum(b.conflicts_retried for b in bindings),
         )
 
 

@@ -143,6 +143,8 @@ class ApplyResult(Model):
     rows: int = 0
     delta_version: int | None = None
     metrics: dict[str, int] = Field(default_factory=dict)
+    conflicts_retried: int = 0
+    """Attempts that lost the race to a concurrent commit and were retried (Delta's conflict rules)."""
 
 
 class Acknowledged(Model):

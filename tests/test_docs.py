@@ -202,7 +202,7 @@ def test_troubleshooting_names_every_exit_code_and_error_class() -> None:
     import materializer.errors as errors
 
     page = (DOCS / "troubleshooting.md").read_text()
-    for code in range(1, 12):
+    for code in range(1, 13):
         assert re.search(rf"^\| {code} \|", page, re.M), f"exit code {code}"
     for name, cls in vars(errors).items():
         if isinstance(cls, type) and issubclass(cls, errors.MaterializerError):

@@ -15,13 +15,27 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from delta.exceptions.base import ConcurrentAppendException, ConcurrentTransactionException, MetadataChangedException
+from delta.exceptions.base import (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    MetadataChangedException,
+)
 
 from materializer import merge
 from materializer.merge import writer as apply_loop
 from materializer.config import load_config
-from materializer.delta import TXN_APP_ID, TXN_VERSION, USER_METADATA, TableState, parse_user_metadata
-from materializer.errors import ApplyError, StagingError
+from materializer.delta import (
+    TXN_APP_ID,
+    TXN_VERSION,
+    USER_METADATA,
+    OtherCommit,
+    TableState,
+    conflict_name,
+    parse_user_metadata,
+    user_metadata,
+)
+from materializer.errors import ApplyError, CommitConflictError, TableStateError
 from materializer.merge import CommitProperties, DeltaWriter
 from materializer.progress import Collector
 from materializer.protocol import StagedFile
@@ -55,10 +69,12 @@ class _ErrorClass(Exception):
         return self.condition
 
 
-def _writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[BaseException]) -> tuple[DeltaWriter, list[dict[str, Any]]]:
+def _writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: list[BaseException], **options: Any
+) -> tuple[DeltaWriter, list[dict[str, Any]]]:
     """A writer whose table exists at epoch 1 and whose write raises ``failures`` in turn, then
-    succeeds; the calls' txn confs and tags are recorded."""
-    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items")]))
+    succeeds; the calls' txn confs and tags are recorded. ``options``: the binding's."""
+    config = load_config(write_config(tmp_path, [binding("items", tmp_path / "src", tmp_path / "tables" / "items", **options)]))
     session = _Session()
     writer = DeltaWriter(session, config, StagingArea(open_store(str(tmp_path / "staging"))), Collector())  # type: ignore[arg-type]
     looks: list[int] = []
@@ -88,7 +104,10 @@ SCENARIOS = [
     # Spark Connect without Delta's class mapping: recognised by the error class
     ([_ErrorClass("DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT")], 2, nullcontext()),
     # conflicts on every attempt: stop after CommitProperties.max_retries, saying to run again
-    ([ConcurrentAppendException(message="x")] * 3, 3, pytest.raises(StagingError, match="kept conflicting")),
+    # (the stand-in session has no history to name the winner: the error says so)
+    ([ConcurrentAppendException(message="x")] * 3, 3, pytest.raises(
+        CommitConflictError, match=r"each of 3 attempts .*ConcurrentAppendException.*history could not be read.*run again",
+    )),
     # not a conflict, though its message quotes java.util.concurrent: the epoch's error, once
     ([_ErrorClass("CAST_INVALID_INPUT")], 1, pytest.raises(ApplyError, match="Delta refused to apply")),
 ]
@@ -102,6 +121,7 @@ def test_the_apply_retries_conflicts_by_type_and_nothing_else(
     with ends:
         result = writer.apply(writer.config.bindings[0], 2, None)
         assert result.status == "empty" and result.delta_version == 2  # no staged rows: an empty tagged commit
+        assert result.conflicts_retried == attempts - 1
     assert len(calls) == attempts
     # Every attempt read the table again first, and committed under the epoch's txn id.
     assert [c["looks"] for c in calls] == list(range(1, attempts + 1))
@@ -143,3 +163,56 @@ def test_on_spark_connect_delta_conflicts_arrive_as_the_same_types() -> None:
     from materializer.delta import is_commit_conflict
 
     assert is_commit_conflict(mapped(message="files were added"))
+
+
+PERSON = OtherCommit(version=5, operation="UPDATE", engine_info="Apache-Spark/4.2.0 Delta-Lake/4.4.0")
+OPTIMIZE = OtherCommit(version=5, operation="OPTIMIZE", engine_info="Apache-Spark/4.2.0 Delta-Lake/4.4.0")
+ZOMBIE = OtherCommit(version=5, operation="MERGE", user_metadata=user_metadata("test-pipeline", "items", 2), pipeline="test-pipeline")
+OTHER_PIPELINE = OtherCommit(version=5, operation="MERGE", user_metadata=user_metadata("other", "x", 9), pipeline="other")
+
+# (others_may_write, the commits after the version the apply read, conflicts in a row, attempts, what the apply ends with)
+RACES = [
+    # a person's UPDATE won, others_may_write: true: their row is part of the table, the MERGE lands over it
+    (True, [PERSON], 1, 2, nullcontext()),
+    # others_may_write: false, a compaction won: no row changed, a retry is sound
+    (False, [OPTIMIZE], 1, 2, nullcontext()),
+    # others_may_write: false, our own zombie's MERGE won: ours, a retry finds the epoch or merges after it
+    (False, [ZOMBIE], 1, 2, nullcontext()),
+    # others_may_write: false, a person's UPDATE won: a retry would write over it, so stop, naming it
+    (False, [OPTIMIZE, PERSON], 1, 1, pytest.raises(
+        TableStateError, match=r"lost the race to version 5 \(UPDATE, engineInfo 'Apache-Spark/4.2.0 Delta-Lake/4.4.0'\)",
+    )),
+    # another pipeline's MERGE changed rows too
+    (False, [OTHER_PIPELINE], 1, 1, pytest.raises(TableStateError, match=r"version 5 \(MERGE, userMetadata")),
+    # lost every race: the last winner named, the newest not ours, with its operation
+    (True, [OPTIMIZE, ZOMBIE], 3, 3, pytest.raises(
+        CommitConflictError, match=r"each of 3 attempts .* the last race was won by version 5 \(OPTIMIZE, .*run again",
+    )),
+]
+
+
+@pytest.mark.parametrize(("others_may_write", "others", "conflicts", "attempts", "ends"), RACES)
+def test_a_lost_race_is_retried_unless_a_retry_would_write_over_a_persons_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, others_may_write: bool, others: list[OtherCommit],
+    conflicts: int, attempts: int, ends: Any,
+) -> None:
+    writer, calls = _writer(
+        tmp_path, monkeypatch, [ConcurrentDeleteReadException(message="x")] * conflicts, others_may_write=others_may_write,
+    )
+    read: list[int | None] = []
+    monkeypatch.setattr(apply_loop, "commits_after", lambda _s, _t, version: read.append(version) or list(others))
+    with ends as stopped:
+        result = writer.apply(writer.config.bindings[0], 2, None)
+        assert result.status == "empty" and result.conflicts_retried == conflicts
+    assert len(calls) == attempts
+    assert all(version == 1 for version in read)  # the history after the version each attempt read
+    if isinstance(stopped, pytest.ExceptionInfo):
+        assert "ConcurrentDeleteReadException" in str(stopped.value) and "epoch 2" in str(stopped.value)
+        if isinstance(stopped.value, CommitConflictError):
+            assert (stopped.value.version, stopped.value.operation, stopped.value.epoch) == (5, "OPTIMIZE", 2)
+
+
+def test_conflicts_are_named_as_delta_names_them() -> None:
+    assert conflict_name(ConcurrentDeleteReadException(message="x")) == "ConcurrentDeleteReadException"
+    assert conflict_name(_ErrorClass("DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT")) == "DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT"
+    assert OtherCommit(version=3, operation="").shown() == "version 3 (an operation the history does not name)"

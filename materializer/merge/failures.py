@@ -1,8 +1,15 @@
-"""A Spark failure said in one line, and the refused epoch's message with the way out."""
+"""A Spark failure said in one line, the refused epoch's message with the way out, and the commits
+that won over an apply, read from the table's history."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from materializer.config import BindingConfig
+from materializer.delta import OtherCommit, TableRef, parse_user_metadata, sql_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def cause(exc: BaseException) -> str:
@@ -28,3 +35,25 @@ def refused(pipeline_id: str, binding: BindingConfig, epoch: int, exc: BaseExcep
         "rows break), then run again; or set the epoch's rows for this table aside, kept in a file, with "
         f"`materializer recover --config F --skip-epoch {epoch} --binding {binding.name}` (docs: 'Stuck epochs')."
     )
+
+
+def commits_after(spark: "SparkSession", table: TableRef, version: int | None) -> list[OtherCommit] | None:
+    """The table's commits after ``version`` (the one an apply read), oldest first, from ``DESCRIBE
+    HISTORY`` (path and catalog tables alike; read only after a lost race, so its two Spark jobs
+    cost nothing in a quiet run); None when the history cannot be read, which the error then says
+    rather than hiding the conflict behind a second failure."""
+    try:
+        from pyspark.sql import functions as F
+
+        rows = spark.sql(f"DESCRIBE HISTORY {sql_name(table)}").where(F.col("version") > (-1 if version is None else version))
+        found = rows.select("version", "operation", "userMetadata", "engineInfo").collect()
+    except Exception:  # noqa: BLE001 - any failure to read it: the error names no commit instead
+        return None
+    out = []
+    for row in sorted(found, key=lambda r: int(r["version"])):
+        tag = parse_user_metadata(row["userMetadata"])
+        out.append(OtherCommit(
+            version=int(row["version"]), operation=str(row["operation"] or ""), user_metadata=row["userMetadata"],
+            engine_info=row["engineInfo"], pipeline=str(tag["pipeline"]) if tag and "pipeline" in tag else None,
+        ))
+    return out

@@ -14,15 +14,24 @@ from materializer.delta import (
     TXN_VERSION,
     USER_METADATA,
     TableRef,
+    blocking_commit,
+    conflict_name,
     is_commit_conflict,
     latest_version,
     sql_name,
     table_state,
 )
-from materializer.errors import ApplyError, ConfigError, StagingError, TableStateError, TxnNotRecordedError
+from materializer.errors import (
+    ApplyError,
+    CommitConflictError,
+    ConfigError,
+    StagingError,
+    TableStateError,
+    TxnNotRecordedError,
+)
 from materializer.layout import is_already_exists
 from materializer.merge.commit import CommitProperties, register_conflict_types
-from materializer.merge.failures import cause, refused
+from materializer.merge.failures import cause, commits_after, refused
 from materializer.merge.writes import TableWrites
 from materializer.progress import Collector
 from materializer.protocol import ApplyResult, StagedFile
@@ -92,20 +101,25 @@ class DeltaWriter(TableWrites):
     def apply(self, binding: BindingConfig, epoch: int, staged: StagedFile | None) -> ApplyResult:
         """Apply ``epoch``'s staged rows to the binding's table in one tagged commit; skipped when the
         table already records the epoch. A commit that loses to a concurrent one is retried after
-        reading the table again (:attr:`CommitProperties.max_retries` attempts)."""
+        reading the table again (:attr:`CommitProperties.max_retries` attempts, counted in the
+        result's ``conflicts_retried``); see :meth:`_lost_race` for when it stops instead."""
         table = TableRef(binding.table)
         props = self.properties(binding.name, epoch)
         replace = False  # True: a killed CREATE's leftovers are in the way (see _check_created_by_us)
-        for _attempt in range(props.max_retries):
+        retried = 0
+        for attempt in range(props.max_retries):
             with self.collector.span("table_state", epoch, binding.name):
                 state = table_state(self.apply_spark, table, props.txn_app_id, with_size=True)
             if state.txn_version is not None and state.txn_version >= epoch:
                 # A replay: Delta already records this epoch (or a later one) for the pipeline.
                 self._keep_view(binding, epoch, changed=False)
-                return ApplyResult(binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version)
+                return ApplyResult(
+                    binding=binding.name, table=str(table), status="skipped", rows=0, delta_version=state.version,
+                    conflicts_retried=retried,
+                )
             if staged is None and not state.exists:
                 # Nothing to write and no schema to create the table with: nothing to record.
-                return ApplyResult(binding=binding.name, table=str(table), status="empty")
+                return ApplyResult(binding=binding.name, table=str(table), status="empty", conflicts_retried=retried)
             with self.collector.span("read_staged", epoch, binding.name):
                 source = None if staged is None else self.staging_area.read(self.apply_spark, binding, epoch, staged, state.exists)
             try:
@@ -129,6 +143,11 @@ class DeltaWriter(TableWrites):
                 # which a zombie's MERGE meets after the new writer evolved the schema or created
                 # the table: another writer committed meanwhile, so look again.
                 if is_commit_conflict(exc):
+                    self._lost_race(
+                        exc, name=binding.name, table=table, epoch=epoch, read_version=state.version,
+                        attempts=(attempt + 1, props.max_retries), others_may_write=binding.others_may_write,
+                    )
+                    retried += 1
                     continue
                 if is_already_exists(exc):
                     # The table appeared between our look and our CREATE: fine if it is another
@@ -151,8 +170,56 @@ class DeltaWriter(TableWrites):
                 rows=staged.rows if staged else 0,
                 delta_version=after_version,
                 metrics=metrics or {},
+                conflicts_retried=retried,
             )
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
+        raise AssertionError("unreachable: the last attempt's conflict raises in _lost_race")
+
+    def _lost_race(
+        self, exc: BaseException, *, name: str, table: TableRef, epoch: int, read_version: int | None,
+        attempts: tuple[int, int], others_may_write: bool = True,
+    ) -> None:
+        """After ``name``'s commit of ``epoch`` lost to a concurrent one (``exc``, read at
+        ``read_version``, on attempt ``attempts[0]`` of ``attempts[1]``): return to retry, as Delta's conflict rules allow (read the table again,
+        commit again: see :func:`materializer.delta.blocking_commit` for why a retry is sound); raise
+        :class:`TableStateError` when a retry would write over rows the binding says no one else
+        changes, :class:`CommitConflictError` on the last attempt. Either names the commit that
+        won. Nothing of the epoch is applied to the table then: it stays committed in the log."""
+        kind = conflict_name(exc)
+        last = attempts[0] >= attempts[1]
+        if others_may_write and not last:
+            return  # no need to read the history: nothing stops the retry
+        # Commits after the version the lost attempt read: the race's winners (ours too: a zombie).
+        others = commits_after(self.apply_spark, table, read_version)
+        blocking = blocking_commit(others or [], pipeline=self.config.pipeline_id, others_may_write=others_may_write)
+        if blocking is not None:
+            raise TableStateError(
+                f"epoch {epoch}, binding {name}: the commit of epoch {epoch} to table {table} lost the race to "
+                f"{blocking.shown()}, a commit not of this pipeline that changed rows (Delta's {kind}). The binding "
+                "sets `others_may_write: false`, so the run stops before it writes over them: nothing of epoch "
+                f"{epoch} was applied to {table}, and the epoch stays committed in the recovery log. Check the "
+                "change; to keep it, set `others_may_write: true` on the binding and run again (the epoch then lands "
+                f"once, over it), or undo it (e.g. RESTORE TABLE … TO VERSION AS OF {blocking.version - 1}) and run "
+                "again (docs: 'Sharing the table with maintenance and people')."
+            ) from None
+        if not last:
+            return
+        # The winner of the last race: the newest commit not ours, else the newest of all.
+        winners = [c for c in others or [] if c.pipeline != self.config.pipeline_id] or list(others or [])
+        won = winners[-1] if winners else None
+        said = (
+            f"the last race was won by {won.shown()}" if won is not None
+            else "the table's history could not be read to name the commit that won"
+            if others is None else f"no commit after version {read_version} is in the table's history any more"
+        )
+        raise CommitConflictError(
+            f"epoch {epoch}, binding {name}: each of {attempts[1]} attempts "
+            f"to commit epoch {epoch} to table {table} lost the race to a concurrent commit (Delta's {kind}); {said}. "
+            f"Nothing of epoch {epoch} was applied to {table}; the epoch stays committed in the recovery log, so "
+            "run again: the next run applies it, once. If it keeps happening, find that commit's writer (DESCRIBE "
+            f"HISTORY on {table}) and keep its commits apart from the pipeline's (docs: 'Sharing the table with "
+            "maintenance and people').",
+            epoch=epoch, binding=name, version=won.version if won else None, operation=won.operation if won else None,
+        ) from None
 
     def _new_columns(self, binding: BindingConfig, columns: list[str]) -> bool:
         """Whether a staged file's ``columns`` hold a table column the binding's view was not made from."""
@@ -248,7 +315,7 @@ class DeltaWriter(TableWrites):
         --truncate``); skipped, by us or by Delta, once the table records the epoch."""
         table = TableRef(binding.table)
         props = self.properties(binding.name, epoch)
-        for _attempt in range(props.max_retries):
+        for attempt in range(props.max_retries):
             state = table_state(self.apply_spark, table, props.txn_app_id)
             if not state.exists or (state.txn_version is not None and state.txn_version >= epoch):
                 return
@@ -259,9 +326,13 @@ class DeltaWriter(TableWrites):
                 return
             except Exception as exc:  # noqa: BLE001
                 if is_commit_conflict(exc):
+                    # Every row goes whoever else wrote: a retry deletes theirs too, as asked.
+                    self._lost_race(
+                        exc, name=binding.name, table=table, epoch=epoch, read_version=state.version,
+                        attempts=(attempt + 1, props.max_retries),
+                    )
                     continue
                 raise ApplyError(refused(self.config.pipeline_id, binding, epoch, exc), epoch=epoch, binding=binding.name) from exc
-        raise StagingError(f"epoch {epoch}, binding {binding.name}: concurrent commits kept conflicting; run again")
 
     def append_dead_letters(self, table_name: str, bindings: list[BindingConfig], epoch: int, staged: list[StagedFile]) -> ApplyResult:
         """Append the epoch's rejected documents of ``bindings`` to their dead-letter table
@@ -276,10 +347,13 @@ class DeltaWriter(TableWrites):
         props = self.properties(name + DEAD_LETTER_SUFFIX, epoch)
         rows_staged = sum(f.rows for f in staged)
         began = time.monotonic()
-        for _attempt in range(props.max_retries):
+        retried = 0
+        for attempt in range(props.max_retries):
             state = table_state(self.apply_spark, table, app_id)
             if state.txn_version is not None and state.txn_version >= epoch:
-                result = ApplyResult(binding=name, table=str(table), status="skipped", delta_version=state.version)
+                result = ApplyResult(
+                    binding=name, table=str(table), status="skipped", delta_version=state.version, conflicts_retried=retried,
+                )
                 break
             parts = [self.staging_area.read(self.apply_spark, b, epoch, f) for b, f in zip(bindings, staged)]
             rows = parts[0]
@@ -293,6 +367,12 @@ class DeltaWriter(TableWrites):
                     writer.save(table.location) if table.is_path else writer.saveAsTable(table.location)
             except Exception as exc:  # noqa: BLE001
                 if is_commit_conflict(exc):
+                    # An append reads no row of the table: whoever else wrote, a retry is sound.
+                    self._lost_race(
+                        exc, name=name, table=table, epoch=epoch, read_version=state.version,
+                        attempts=(attempt + 1, props.max_retries),
+                    )
+                    retried += 1
                     continue
                 raise ApplyError(
                     f"epoch {epoch}: Delta refused to append the dead letters of {', '.join(b.name for b in bindings)} to "
@@ -303,10 +383,11 @@ class DeltaWriter(TableWrites):
             result = ApplyResult(
                 binding=name, table=str(table), status="applied", rows=rows_staged,
                 delta_version=latest_version(self.apply_spark, table), metrics={"dead_letters": rows_staged},
+                conflicts_retried=retried,
             )
             break
         else:
-            raise StagingError(f"epoch {epoch}, binding {name}: concurrent commits kept conflicting; run again")
+            raise AssertionError("unreachable: the last attempt's conflict raises in _lost_race")
         self.collector.emit(events.DeadLettersApplied.of(result, epoch=epoch, seconds=time.monotonic() - began))
         return result
 
