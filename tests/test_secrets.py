@@ -325,3 +325,69 @@ def test_a_run_on_s3_writes_and_shows_no_secret(tmp_path: Path, s3_server) -> No
     for done in (run_cli("status", "--json", "-c", str(path), env=env, jvm=False),):
         assert done.returncode == 0, done.stderr
         assert SECRET not in done.stdout + done.stderr
+
+
+def _failing_run(tmp_path: Path, config: Path, env: dict[str, str], *, jvm: bool) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``materializer run`` with every output it has (--json, events and metrics files), timed."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    began = time.monotonic()
+    done = run_cli("run", "-c", str(config), "--json", "--events", "jsonl", "--all-events",
+                   "--events-file", str(out / f"{config.stem}.events.jsonl"), "--metrics-file", str(out / f"{config.stem}.prom"),
+                   env=env, jvm=jvm, timeout=120)
+    return done, time.monotonic() - began
+
+
+# Waits the product keeps for a server that may be starting, cut in the test's CLI only (a
+# sitecustomize on its PYTHONPATH, as test_cluster.py installs one) so an unreachable one fails in
+# seconds: the Connect client retries for at least 10 minutes (pyspark's DefaultPolicy: a Databricks
+# cluster may be starting); the Kafka source asks the brokers for 30 s.
+FAIL_FAST = """import os
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # as remote_session sets it, before gRPC loads
+from pyspark.sql.connect.client import retries
+_defaults = retries.DefaultPolicy.__init__.__defaults__
+retries.DefaultPolicy.__init__.__defaults__ = (0,) + _defaults[1:]
+from materializer.sources.kafka.offsets import Offsets
+for _name in ("watermarks", "compacted", "at_timestamp"):
+    getattr(Offsets, _name).__defaults__ = (3,)
+"""
+
+
+def _fail_fast_env(factory: pytest.TempPathFactory) -> dict[str, str]:
+    hook = factory.mktemp("fail-fast")  # outside the test's tmp_path: only the run's own files are searched
+    (hook / "sitecustomize.py").write_text(FAIL_FAST)
+    return {"PYTHONPATH": os.pathsep.join([str(hook), str(REPO)])}
+
+
+@pytest.mark.subprocess
+def test_a_failing_kafka_run_writes_and_shows_no_secret(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A run whose Kafka binding carries secrets in options (a JAAS password, inline and by
+    reference) and client_options, against a broker that is not there: it fails, and no stream
+    or file (the log's failures/ included) holds a secret."""
+    data = _documents_config(tmp_path)
+    data["bindings"] = [_kafka_binding(
+        {"kafka.sasl.jaas.config": f'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="{SECRET}-inline";',
+         "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN", "kafka.ssl.truststore.password": "${env:PLANTED}"},
+        {"sasl.username": "u", "sasl.password": "${env:PLANTED}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN"},
+    ) | {"table": str(tmp_path / "table")}]
+    path = tmp_path / "kafka.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done, seconds = _failing_run(tmp_path, path, {"PLANTED": SECRET, **_fail_fast_env(tmp_path_factory)}, jvm=True)
+    assert done.returncode != 0 and "the brokers did not answer" in done.stdout + done.stderr, done.stderr[-2000:]
+    assert SECRET not in done.stdout + done.stderr
+    assert seconds < 30, f"{seconds:.0f} s: the fail-fast hook did not take"
+    assert (tmp_path / "log" / "entries").is_dir(), "the run stopped before the log: the log was not searched"
+    assert _grep(tmp_path) == [str(path)], "a file the run wrote holds the secret"
+
+
+@pytest.mark.subprocess
+def test_a_connect_run_that_cannot_connect_shows_no_token(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A run whose Spark Connect URL carries a token, to a server that is not there."""
+    pytest.importorskip("pyspark.sql.connect.session")
+    path = tmp_path / "connect.yaml"
+    path.write_text(yaml.safe_dump(_documents_config(tmp_path, spark={"remote": f"sc://127.0.0.1:1/;token={SECRET}"})))
+    done, seconds = _failing_run(tmp_path, path, _fail_fast_env(tmp_path_factory), jvm=False)
+    assert done.returncode != 0 and "127.0.0.1:1" in done.stdout + done.stderr, done.stderr[-2000:]
+    assert SECRET not in done.stdout + done.stderr
+    assert seconds < 30, f"{seconds:.0f} s: the fail-fast hook did not take"
+    assert _grep(tmp_path) == [str(path)], "a file the run wrote holds the token"
