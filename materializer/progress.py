@@ -79,6 +79,10 @@ class TextCollector(Collector):
             return f"epoch {event.epoch}: {idle} binding{'s' if idle > 1 else ''} had nothing to apply"
         if type(event) is events.Applied:
             extra = f", {event.rows} rows" if event.rows else ""
+            if event.conflicts_retried:
+                # Said, not only counted: a person reading the log sees who else writes the table.
+                n = event.conflicts_retried
+                extra += f", after {n} commit{'s' if n > 1 else ''} lost to a concurrent one and retried"
             return f"epoch {event.epoch}: {event.binding} -> {event.table}: {event.status}{extra}"
         if isinstance(event, events.DeadLettersApplied) and event.status == "applied" and event.rows:
             # Documents set aside: said where they went, or a run with refused lines reads as clean.

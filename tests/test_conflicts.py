@@ -6,7 +6,8 @@ an OPTIMIZE, or a person's UPDATE of a row the MERGE reads. Delta then refuses t
 (a real ``ConcurrentDeleteReadException``), and the writer retries it under Delta's conflict rules,
 counting the retry in the apply's result, its progress record and the Prometheus counter; or it
 stops, naming the commit that won. Tables are read by Spark and by delta-rs and compared with the
-oracle of the sources.
+oracle of the sources. The last test, without a JVM, folds the count into the record, the text line
+and the counter.
 """
 
 from __future__ import annotations
@@ -260,3 +261,34 @@ def test_with_others_may_write_false_a_persons_update_that_wins_stops_without_a_
     assert f"lost the race to version {version} (UPDATE" in str(stopped.value)
     assert _epoch_commits(spark, table, 3) == []
     assert {r["id"]: r["w"] for r in delta_rs_list(table)}[2] == "person"
+
+
+def test_the_retries_are_folded_into_the_record_the_text_line_and_the_counter(caplog: pytest.LogCaptureFixture) -> None:
+    """No JVM: two bindings' Applied events, one after two lost races, make one progress record
+    whose count is their sum, a text line that says so, and the Prometheus counter per binding."""
+    import logging
+
+    from prometheus_client import generate_latest
+
+    from materializer import events
+    from materializer.metrics import PrometheusCollector
+    from materializer.progress import ListCollector, ProgressTracker, Tee, TextCollector
+
+    sink, metrics = ListCollector(), PrometheusCollector("p")
+    tracker = ProgressTracker(Tee(sink, metrics, TextCollector(logging.getLogger("test-conflicts"))), "p")
+    with caplog.at_level(logging.INFO, logger="test-conflicts"):
+        tracker.emit(events.Applied(epoch=3, binding="a", table="/t/a", status="applied", rows=2, conflicts_retried=2))
+        tracker.emit(events.Applied(epoch=3, binding="b", table="/t/b", status="applied", rows=1))
+        tracker.emit(events.Acknowledged(epoch=3, first=False, seconds=1.0, at="t"))
+    (record,) = [e.record for e in sink.of(events.Progress)]
+    assert record.conflicts_retried == 2 and [b.conflicts_retried for b in record.bindings] == [2, 0]
+    assert "epoch 3: a -> /t/a: applied, 2 rows, after 2 commits lost to a concurrent one and retried" in caplog.messages
+    assert "epoch 3: b -> /t/b: applied, 1 rows" in caplog.messages
+    text = generate_latest(metrics.registry).decode()
+    assert 'materializer_commit_conflicts_retried_total{binding="a",pipeline="p"} 2.0' in text
+    assert 'materializer_commit_conflicts_retried_total{binding="b",pipeline="p"} 0.0' in text
+    # A record written before the field existed still reads (0).
+    old = {k: v for k, v in events.Progress(record).to_record().items() if k != "conflicts_retried"}
+    old["bindings"] = [{k: v for k, v in b.items() if k != "conflicts_retried"} for b in old["bindings"]]
+    read = events.from_record({"event": "progress", **old})
+    assert isinstance(read, events.Progress) and read.record.conflicts_retried == 0
