@@ -178,9 +178,10 @@ class DeltaWriter(TableWrites):
         self, exc: BaseException, *, name: str, table: TableRef, epoch: int, read_version: int | None,
         attempts: tuple[int, int], others_may_write: bool = True,
     ) -> None:
-        """After ``name``'s commit of ``epoch`` lost to a concurrent one (``exc``, read at
-        ``read_version``, on attempt ``attempts[0]`` of ``attempts[1]``): return to retry, as Delta's conflict rules allow (read the table again,
-        commit again: see :func:`materializer.delta.blocking_commit` for why a retry is sound); raise
+        """After ``name``'s commit of ``epoch`` lost to a concurrent one (``exc``; the attempt read
+        ``read_version`` and was attempt ``attempts[0]`` of ``attempts[1]``): return to retry, as
+        Delta's conflict rules allow (read the table again, commit again: see
+        :func:`materializer.delta.blocking_commit` for why a retry is sound); raise
         :class:`TableStateError` when a retry would write over rows the binding says no one else
         changes, :class:`CommitConflictError` on the last attempt. Either names the commit that
         won. Nothing of the epoch is applied to the table then: it stays committed in the log."""
@@ -198,8 +199,8 @@ class DeltaWriter(TableWrites):
                 "sets `others_may_write: false`, so the run stops before it writes over them: nothing of epoch "
                 f"{epoch} was applied to {table}, and the epoch stays committed in the recovery log. Check the "
                 "change; to keep it, set `others_may_write: true` on the binding and run again (the epoch then lands "
-                f"once, over it), or undo it (e.g. RESTORE TABLE … TO VERSION AS OF {blocking.version - 1}) and run "
-                "again (docs: 'Sharing the table with maintenance and people')."
+                f"once, over it), or undo it (e.g. RESTORE TABLE … TO VERSION AS OF {blocking.version - 1}, then run once "
+                "with `others_may_write: true`) (docs: 'Sharing the table with maintenance and people')."
             ) from None
         if not last:
             return
