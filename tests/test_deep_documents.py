@@ -273,3 +273,35 @@ def test_a_document_at_exactly_the_limit_lands_and_merges(spark: Any, tmp_path: 
     assert sorted(rows) == [(1,), (2,)] and deepest(rows[(1,)]) == 2
     by_delta_rs = {r["id"]: r for r in delta_rs_list(tmp_path / "t")}
     assert sorted(by_delta_rs) == [1, 2] and deepest(by_delta_rs[1]) == 2
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_deep_kafka_value_is_a_dead_letter_naming_topic_partition_and_offset(spark: Any, broker: Any, tmp_path: Path) -> None:
+    """A Kafka value nested 990 levels deep (documents and Debezium payloads) is a dead letter with
+    the record's topic, partition and offset and the depth, never a crashed driver or JVM; the
+    records around it land."""
+    from materializer.config import load_config
+    from materializer.runtime import Runtime
+    from tests.helpers import delta_rs_list, write_config
+    from tests.test_kafka import kafka_binding
+
+    deep = document(2, 990, objects)
+    dbz_deep = json.dumps({"before": None, "op": "c", "source": {}})[:-1] + ', "after": ' + document(2, 989, objects) + "}"
+    broker.create_topic("deep-docs", 1)
+    broker.create_topic("deep-dbz", 1)
+    broker.produce("deep-docs", [(b"1", b'{"id": 1, "v": "a"}', 0), (b"2", deep.encode(), 0), (b"3", b'{"id": 3, "v": "c"}', 0)])
+    dbz = [json.dumps({"before": None, "after": {"id": k, "v": "x"}, "op": "c", "source": {}}) for k in (1, 3)]
+    broker.produce("deep-dbz", [(b"1", dbz[0].encode(), 0), (b"2", dbz_deep.encode(), 0), (b"3", dbz[1].encode(), 0)])
+    tables = tmp_path / "tables"
+    config = load_config(write_config(tmp_path, [
+        {**kafka_binding(broker, "docs", "deep-docs", tables / "docs"), "on_invalid": "dead_letter"},
+        {**kafka_binding(broker, "dbz", "deep-dbz", tables / "dbz", payload="debezium"), "on_invalid": "dead_letter"},
+    ]))
+    Runtime(config, spark).run()
+    for name, topic, value in (("docs", "deep-docs", deep), ("dbz", "deep-dbz", dbz_deep)):
+        assert sorted(r["id"] for r in delta_rs_list(tables / name)) == [1, 3], name
+        dead = delta_rs_list(Path(str(tables / name) + "_dead_letters"))
+        assert [(r["topic"], r["partition"], r["offset"], r["key"]) for r in dead] == [(topic, 0, 1, "2")], name
+        assert "990 levels deep" in dead[0]["reason"] and f"at most {MAX_DEPTH} levels" in dead[0]["reason"], dead[0]["reason"]
+        assert dead[0]["value"] == value

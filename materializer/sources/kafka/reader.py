@@ -32,7 +32,7 @@ from materializer.columns import OP, SEQ
 from materializer.errors import SourceError
 from materializer.sources.kafka import debezium_types as dbz
 from materializer.sources.documents.reader import FIRST_FAILURES, LINE_SHOWN, DocumentReader
-from materializer.sources.json_text import parse_one
+from materializer.sources.json_text import deep_column, depth_problem, parse_one
 from materializer.sources.kafka.transport import null_envelope
 from materializer.sqltypes import quote
 
@@ -273,7 +273,9 @@ class KafkaReader(DocumentReader):
             F.concat(delete_meta, F.lit(","), F.substring(before, 2, 1 << 30))
         )
         problem = (
-            F.when(event.isNull(), F.lit("not a valid JSON Debezium change event"))
+            # parse_one leaves a text too deep unparsed (NULL) as it does bad JSON: say which it was.
+            F.when(event.isNull() & deep_column(F.col("value")), depth_problem(F.col("value"), "Debezium change event"))
+            .when(event.isNull(), F.lit("not a valid JSON Debezium change event"))
             .when(op.isNull(), F.lit("not a Debezium change event: it has no string 'op' (c, r, u or d)"))
             .when(op.isin("c", "r", "u") & ~(after_ok & after_obj), F.concat(F.lit("Debezium event op '"), op, F.lit("' has no 'after' object")))
             .when((op == F.lit("d")) & ~before_obj, F.lit("Debezium delete (op 'd') has no 'before' object to take the key from"))
