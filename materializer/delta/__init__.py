@@ -18,7 +18,7 @@ The package, one job a module (each imports only those listed after it):
 
 from __future__ import annotations
 
-from materializer.delta.conflicts import OtherCommit, blocking_commit, conflict_name, error_condition, is_commit_conflict
+from materializer.delta.conflicts import ROW_OPERATIONS, OtherCommit, blocking_commit, conflict_name, error_condition, is_commit_conflict
 from materializer.delta.names import (
     TXN_APP_ID,
     TXN_VERSION,
@@ -52,7 +52,7 @@ from materializer.delta.writers import TableWriters, table_writers, writers_with
 from materializer.tables import TableRef
 
 __all__ = [
-    "OtherCommit", "TXN_APP_ID", "TXN_VERSION", "USER_METADATA", "TableRef", "TableState", "TableWriters",
+    "OtherCommit", "ROW_OPERATIONS", "TXN_APP_ID", "TXN_VERSION", "USER_METADATA", "TableRef", "TableState", "TableWriters",
     "blocking_commit", "conflict_name", "delta_rs_storage_options", "detail", "error_condition", "exists", "history", "is_commit_conflict",
     "latest_version", "metadata_fingerprint", "literal", "parse_user_metadata", "quote", "read_table",
     "read_txn_without_spark", "schema_and_properties", "sql_name", "table_identity", "table_location",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import BindingConfig
-from materializer.delta import TableRef, TableWriters, parse_user_metadata, sql_name, table_location
+from materializer.delta import ROW_OPERATIONS, TableRef, TableWriters, parse_user_metadata, sql_name, table_location
 from materializer.delta.trust import DELTA_RS_CANNOT, delta_rs_sees
 from materializer.errors import TableStateError
 
@@ -36,15 +36,11 @@ COORDINATED = ("coordinatedCommits-preview",)
 CATALOG_MANAGED = ("catalogManaged", "catalogOwned-preview")
 """Table features whose commits the catalog (Unity Catalog) holds: written by catalog name only."""
 
-ROW_OPERATIONS = frozenset({
-    "WRITE", "DELETE", "UPDATE", "MERGE", "STREAMING UPDATE", "TRUNCATE", "COPY INTO", "RESTORE",
-    "CREATE OR REPLACE TABLE", "CREATE OR REPLACE TABLE AS SELECT", "REPLACE TABLE", "REPLACE TABLE AS SELECT",
-    "CREATE TABLE AS SELECT",
-})
-"""Operations that change rows, for a history read without the commits' actions (a catalog
-table): there, ``dataChange`` cannot be seen. Read from the log, a commit changes rows when one of
-its ``add`` or ``remove`` actions has ``dataChange: true`` (OPTIMIZE, auto compaction, a row
-tracking backfill and REORG rewrite files with ``dataChange: false``; an ALTER writes metadata only)."""
+# ROW_OPERATIONS (materializer.delta): operations that change rows, for a history read without the
+# commits' actions (a catalog table), where ``dataChange`` cannot be seen. Read from the log, a
+# commit changes rows when one of its ``add`` or ``remove`` actions has ``dataChange: true``
+# (OPTIMIZE, auto compaction, a row tracking backfill and REORG rewrite files with
+# ``dataChange: false``; an ALTER writes metadata only).
 
 
 @dataclass(frozen=True)
