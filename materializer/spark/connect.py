@@ -47,6 +47,18 @@ def remote_session(url: str, conf: dict[str, str] | None = None) -> "SparkSessio
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     session = ConnectSession.builder.remote(url).getOrCreate()
     _close_at_exit(session)
+    try:
+        # The first call to the server (the client connects lazily): a server that is not there
+        # is said here, once, instead of as a gRPC traceback from whatever asks it first.
+        session.version
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same advice
+        from materializer.errors import StartupError
+
+        raise StartupError(
+            f"--remote {shown}: the Spark Connect server did not answer ({redact.text(type(exc).__name__)}: "
+            f"{redact.text(str(exc).splitlines()[0] if str(exc) else '')[:300]}). Check that it is running and "
+            "that the host, port and token are right; nothing was read or written."
+        ) from None
     for key, value in (conf or {}).items():
         session.conf.set(key, value)
     return session
