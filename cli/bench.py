@@ -66,10 +66,40 @@ def bench(
         help="Instead: follow mode's freshness over N one-document changes (file written to rows applied; p50, p90).",
     ),
     poll_interval: Optional[float] = typer.Option(
-        None, "--poll-interval", min=0.01, help="With --freshness: transaction.poll_interval_seconds (default: the configuration's)."
+        None, "--poll-interval", min=0.01,
+        help="With --freshness: transaction.poll_interval_seconds (default: the configuration's); with --soak: 0.5 s.",
     ),
+    soak: bool = typer.Option(
+        False, "--soak",
+        help="Instead: follow mode over many small epochs and bindings (a `materializer run --follow` fed and watched): "
+        "memory, descriptors, epoch time, the stores, per window, with their slopes.",
+    ),
+    soak_epochs: int = typer.Option(5000, "--soak-epochs", min=1, help="With --soak: epochs (rounds of one file per binding)."),
+    soak_bindings: int = typer.Option(8, "--soak-bindings", min=1, help="With --soak: bindings (tables)."),
+    soak_sample_every: int = typer.Option(250, "--soak-sample-every", min=1, help="With --soak: epochs per window (the probes run at each window's end)."),
+    soak_minutes: Optional[float] = typer.Option(
+        None, "--soak-minutes", min=0.1, help="With --soak: stop feeding after this many minutes whatever the epochs."
+    ),
+    soak_rows: int = typer.Option(20, "--soak-rows", min=1, help="With --soak: documents per binding per epoch."),
+    soak_warmup_windows: int = typer.Option(1, "--soak-warmup-windows", min=0, help="With --soak: first windows left out of the slopes."),
 ) -> None:
     """Benchmark throughput and overhead against a bare MERGE and Spark Structured Streaming."""
+    if soak:
+        from materializer.tools.bench.soak import SoakOptions, run_soak
+        from materializer.tools.bench.soak_figures import summary_lines as soak_lines
+
+        try:
+            soak_options = SoakOptions(
+                epochs=soak_epochs, bindings=soak_bindings, sample_every=soak_sample_every, minutes=soak_minutes, rows=soak_rows,
+                warmup_windows=soak_warmup_windows, poll=poll_interval or 0.5, master=master,
+                driver_memory=driver_memory, seed=seed, out=out, keep_data=keep_data,
+                conf=dict(item.split("=", 1) for item in (conf or []) if "=" in item),
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        soak_report = run_soak(soak_options, say=lambda message: typer.echo(message, err=True))
+        output(json_out, soak_report, lambda: soak_lines(soak_report), indent=1)
+        return
     if freshness:
         from materializer.tools.bench_freshness import FreshnessOptions, run_bench_freshness
         from materializer.tools.bench_freshness import summary_lines as freshness_lines
