@@ -45,6 +45,13 @@ The package, one job a module (each imports only those listed after it):
 * :mod:`~materializer.tools.bench.measurement`: CPU (driver, JVM, Python workers), memory, Spark jobs;
 * :mod:`~materializer.tools.bench.inputs`: the seeded table, the generated documents, the topic;
 * :mod:`~materializer.tools.bench.options`: the options and the session they describe.
+
+Beside them, ``materializer bench --soak`` (issue #68): a ``materializer run --follow`` fed small
+epochs over many bindings and watched for growth, per window of epochs:
+
+* :mod:`~materializer.tools.bench.soak`: the soak: the feeder, the run, the windows, the stop;
+* :mod:`~materializer.tools.bench.soak_figures`: slopes per 1,000 epochs and their verdicts, the table, the chart;
+* :mod:`~materializer.tools.bench.soak_probes`: RSS, CPU, descriptors, heap after GC; the log, staging, tables.
 """
 
 from __future__ import annotations
