@@ -18,7 +18,7 @@ import pytest
 from materializer.driver.rollbacks import _epochs, _rolled_back_to
 from materializer.driver.table_changes import Commit
 from materializer.errors import TableStateError
-from tests.helpers import binding, delta_rs_list, write_config, write_jsonl
+from tests.helpers import assert_tables_equal_oracle, binding, write_config, write_jsonl
 
 
 def _config(tmp_path: Path, bindings: list[dict[str, Any]]) -> Any:
@@ -42,19 +42,6 @@ def _versions_of_epochs(spark: Any, table: Path) -> dict[int, int]:
     rows = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
     tags = [(parse_user_metadata(r["userMetadata"]), int(r["version"])) for r in rows]
     return {tag["epoch"]: version for tag, version in tags if tag is not None}
-
-
-def _assert_equals_oracle(spark: Any, config: Any, name: str) -> None:
-    from materializer.tools import oracle
-
-    b = config.binding(name)
-    expected = oracle.expected(b, config.transaction.max_documents)
-    for reader, rows in (
-        ("spark", [r.asDict(recursive=True) for r in spark.read.format("delta").load(b.table).collect()]),
-        ("delta-rs", delta_rs_list(b.table)),
-    ):
-        result = oracle.compare(expected, rows, b.key)
-        assert result.ok, f"{name} read by {reader}: lost {result.lost}, duplicated {result.duplicated}, wrong {result.wrong}"
 
 
 def _refused(spark: Any, config: Any, table: Path, tmp_path: Path) -> str:
@@ -94,7 +81,7 @@ def test_a_restore_below_the_last_epochs_stops_until_restored_forward_or_backfil
     # Restored forward to the pipeline's last commit: the run goes on, d lands.
     spark.sql(f"RESTORE TABLE delta.`{table}` TO VERSION AS OF {at[3]}").collect()
     assert Runtime(config, spark).run().last_epoch == 4
-    _assert_equals_oracle(spark, config, "b")
+    assert_tables_equal_oracle(spark, config, bindings=["b"])
 
     # Restored again, past a restore forward (its target is itself a RESTORE): epochs 3-4 lost;
     # the backfill with --truncate reads the source into the emptied table.
@@ -102,7 +89,7 @@ def test_a_restore_below_the_last_epochs_stops_until_restored_forward_or_backfil
     spark.sql(f"RESTORE TABLE delta.`{table}` TO VERSION AS OF {at[2]}").collect()
     assert "lost epochs 3-4" in _refused(spark, config, table, tmp_path)
     backfill(config, spark, "b", truncate=True)
-    _assert_equals_oracle(spark, config, "b")
+    assert_tables_equal_oracle(spark, config, bindings=["b"])
 
 
 @pytest.mark.slow
@@ -140,8 +127,7 @@ def test_a_clone_or_an_older_copy_in_the_tables_place_stops_the_run(spark: Any, 
     kept.rename(table)
     write_jsonl(tmp_path / "src" / "c.jsonl", [{"id": 3, "v": 3}])
     assert Runtime(config, spark).run().last_epoch == 4
-    for name in ("b", "z"):
-        _assert_equals_oracle(spark, config, name)
+    assert_tables_equal_oracle(spark, config)
 
 
 def _c(at: int, operation: str, **parameters: Any) -> Commit:

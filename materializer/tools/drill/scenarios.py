@@ -19,16 +19,15 @@ import yaml
 
 from materializer import __version__, crash, redact
 from materializer.config import load_config, parse_config, unresolve
-from materializer.errors import FencedError, RecoveryLogError, StagingError
 from materializer.events import Collector
 from materializer.tools.drill.damage import DAMAGES
 from materializer.tools.drill import faults
-from materializer.tools.drill.kill import RUN_EVENTS, Child, RunPhase, RunRecord, child_env, kill_live, run_once
+from materializer.tools.drill.kill import Child, RunPhase, RunRecord, child_env, kill_live, run_once
 from materializer.tools.drill.maintenance import AUTO_COMPACT_MIN_FILES, GAP, Maintainer, check_operations
 from materializer.tools.drill.plan import (
     WINDOWS, DrillError, DrillOptions, Plan, epoch_sizes, known_bindings, scratch_config, scratch_notes, unreachable_points,
 )
-from materializer.tools.drill.report import Damaged, DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
+from materializer.tools.drill.report import DrillReport, RoundStarted, RunEnded, RunStarted, Verified, Verifying
 from materializer.tools.drill.resume import resumable, resumed_options, resumed_workdir
 from materializer.tools.drill.verification import Verification, verify
 
