@@ -322,3 +322,45 @@ def test_hostile_debezium_bytes_columns_land_decoded(spark: Any, broker: Any, tm
 
     assert landed(table_rows(spark, tmp_path / "t", ["id"])) == expected
     assert landed(delta_rs_rows(tmp_path / "t", ["id"])) == expected
+
+
+@pytest.mark.spark
+def test_hostile_names_through_the_tables_row_checks(spark: Any, tmp_path: Any) -> None:
+    """A table made beforehand with hostile column names, one NOT NULL, one under a CHECK
+    constraint, one of a narrower type: an epoch that keeps them lands; an epoch with a row that
+    breaks one is refused before commit naming the column (or the constraint) and the key, and
+    nothing of it is committed or applied. The names reach the checks' Spark expressions, not SQL
+    text of ours."""
+    from materializer.config import load_config
+    from materializer.errors import SourceError
+    from materializer.recovery_log import RecoveryLog
+    from materializer.runtime import Runtime
+    from materializer.storage import open_store
+    from tests.helpers import binding, delta_rs_list, write_config, write_jsonl
+
+    required, checked, narrow = "x'", "p'||'q", "a\\b"
+    src, table = tmp_path / "src", tmp_path / "t"
+    spark.sql(
+        f"CREATE TABLE delta.`{table}` (id BIGINT, `{required}` STRING NOT NULL, `{checked}` STRING, `{narrow}` INT) USING delta"
+    ).collect()
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT `no bad` CHECK (`{checked}` <> 'bad')").collect()
+    write_jsonl(src / "1.jsonl", [{"id": 1, required: "r", checked: "ok", narrow: 7}])
+    config = load_config(write_config(tmp_path, [binding("b", src, table, max_files=1)]))
+    assert Runtime(config, spark).run().last_epoch == 1
+    assert delta_rs_list(table) == [{"id": 1, required: "r", checked: "ok", narrow: 7}]
+
+    def last_epoch() -> int:
+        return RecoveryLog(open_store(str(tmp_path / "log")), "test-pipeline").read().last_epoch
+
+    for n, (doc, said) in enumerate([
+        ({"id": 2, required: None, checked: "ok", narrow: 1}, f"NOT NULL column {required!r} would be NULL"),
+        ({"id": 3, required: "r", checked: "bad", narrow: 1}, "CHECK constraint no bad"),
+        ({"id": 4, required: "r", checked: "ok", narrow: 2**40}, f"field {narrow!r} (bigint) holds a value that does not fit"),
+    ], 2):
+        write_jsonl(src / f"{n}.jsonl", [doc])
+        with pytest.raises(SourceError) as refused:
+            Runtime(config, spark).run()
+        assert said in str(refused.value) and f"key id={doc['id']}" in str(refused.value), str(refused.value)
+        assert last_epoch() == 1, "the refused epoch was committed"
+        assert [r["id"] for r in delta_rs_list(table)] == [1]
+        (src / f"{n}.jsonl").unlink()
