@@ -117,6 +117,29 @@ def test_list_is_recursive_sorted_and_treats_the_prefix_as_a_folder(store: Store
     assert store.size("staged") == (3, 15)
 
 
+def test_a_listing_says_when_each_file_was_written(store: Store, tmp_path: Path) -> None:
+    """The documents source's lag in seconds is the age of the oldest file not read: local mtime, S3 LastModified."""
+    import time
+
+    before = time.time()
+    assert store.put_if_absent("in/a.jsonl", b"{}\n")
+    (info,) = store.list("in")
+    # S3 keeps whole seconds; a file system's clock may trail a little: a second of slack either way.
+    assert info.modified is not None and before - 2 <= info.modified <= time.time() + 2
+    # The time is not part of a file's identity: checkpoints compare names and sizes only.
+    assert info == type(info)("in/a.jsonl", 3)
+
+
+def test_a_local_listing_reports_each_files_mtime(tmp_path: Path) -> None:
+    import os
+
+    store = LocalStore(str(tmp_path))
+    assert store.put_if_absent("old.jsonl", b"x") and store.put_if_absent("new.jsonl", b"y")
+    os.utime(tmp_path / "old.jsonl", (1_000_000_000, 1_000_000_000))
+    assert {f.path: f.modified for f in store.list()} == {"new.jsonl": os.stat(tmp_path / "new.jsonl").st_mtime, "old.jsonl": 1_000_000_000}
+    assert store.list("old.jsonl")[0].modified == 1_000_000_000
+
+
 def test_open_read_streams_lines_from_an_offset(store: Store) -> None:
     data = b'{"id": 1}\n{"id": 2}\n\n{"id": 3}\n'
     assert store.put_if_absent("docs/a.jsonl", data)

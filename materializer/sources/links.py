@@ -34,7 +34,7 @@ def readable(listing: Listing, wanted: Callable[[str], bool], *, follow: bool, w
         if not wanted(link.path):
             continue
         if follow and link.kind == "file":
-            followed.append(FileInfo(link.path, link.size))
+            followed.append(FileInfo(link.path, link.size, link.modified))
         else:
             refused.append(link)
     if refused:

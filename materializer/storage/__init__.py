@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Literal
 
 
@@ -20,6 +20,10 @@ class FileInfo:
     """Path relative to the store's root, with '/' separators."""
     size: int
     """Size in bytes."""
+    modified: float | None = field(default=None, compare=False)
+    """When the file was last written (Unix seconds: a local file's mtime, an S3 object's
+    LastModified); None where the store does not say. Not part of equality: a listing compares
+    files by name and size, as the checkpoints do."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class LinkInfo:
     """What the target is now: a regular file, a folder, nothing (or a loop of links), anything else."""
     size: int = 0
     """The target's size in bytes, for a file."""
+    modified: float | None = field(default=None, compare=False)
+    """The target's modification time (Unix seconds), for a file."""
 
     def describe(self) -> str:
         what = {"file": "a file", "folder": "a folder", "dangling": "nothing", "other": "neither a file nor a folder"}

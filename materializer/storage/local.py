@@ -114,7 +114,7 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return Listing([], [])
         if not stat.S_ISDIR(info.st_mode):
-            return Listing([FileInfo(prefix, info.st_size)], [])
+            return Listing([FileInfo(prefix, info.st_size, info.st_mtime)], [])
         # os.walk's followlinks=False never walks into a linked folder; each entry is lstat'ed, as
         # is_file() and stat() would follow a link to a file.
         for dirpath, dirs, names in os.walk(base):
@@ -133,7 +133,7 @@ class LocalStore(Store):
                 if stat.S_ISLNK(info.st_mode):
                     links.append(self._link(relative))
                 else:
-                    files.append(FileInfo(relative, info.st_size))
+                    files.append(FileInfo(relative, info.st_size, info.st_mtime))
         return Listing(sorted(files, key=lambda f: f.path), sorted(links, key=lambda f: f.path))
 
     def _link(self, path: str) -> LinkInfo:
@@ -147,7 +147,7 @@ class LocalStore(Store):
         except OSError:  # nothing there, or a loop of links
             return LinkInfo(path, target, "dangling")
         if stat.S_ISREG(info.st_mode):
-            return LinkInfo(path, target, "file", info.st_size)
+            return LinkInfo(path, target, "file", info.st_size, info.st_mtime)
         return LinkInfo(path, target, "folder" if stat.S_ISDIR(info.st_mode) else "other")
 
     # --- deleting: never outside the root, never through a link ---

@@ -70,6 +70,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.strip("/")
 
 
+def _timestamp(value: Any) -> float | None:
+    """A listing's ``LastModified`` (boto3 gives an aware datetime) as Unix seconds; None if absent."""
+    return value.timestamp() if hasattr(value, "timestamp") else None
+
+
 def _error_code(exc: BaseException) -> tuple[str, int | None]:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
@@ -340,7 +345,7 @@ class S3Store(Store):
 
     def list(self, prefix: str = "") -> list[FileInfo]:
         out = [
-            FileInfo(self._relative(obj["Key"]), int(obj["Size"]))
+            FileInfo(self._relative(obj["Key"]), int(obj["Size"]), _timestamp(obj.get("LastModified")))
             for obj in self._objects(prefix)
             # s3a leaves zero-byte "folder/" markers: they are not files.
             if not obj["Key"].endswith("/")
