@@ -13,7 +13,7 @@ import pytest
 
 from materializer.tools.bench.soak import EventsTail, Feeder
 from materializer.tools.bench.soak_figures import SERIES, fits, slope, summary_lines, verdict
-from materializer.tools.bench.soak_probes import parse_jstat_gc, staging_store
+from materializer.tools.bench.soak_probes import parse_histogram_total, parse_jstat_gc, staging_store
 
 # --- slopes, no JVM -------------------------------------------------------------------------------
 
@@ -156,9 +156,20 @@ def test_jstat_gc_gives_the_heap_used_and_metaspace_in_bytes() -> None:
         " S0C    S1C    S0U    S1U      EC       EU        OC         OU       MC     MU    CCSC   CCSU   YGC     YGCT    FGC    FGCT     CGC    CGCT     GCT\n"
         " 0.0   4096.0  0.0   1024.0  65536.0   2048.0   131072.0   51200.0  81920.0 80000.0 9216.0 8500.0  12  0.100  2  0.300  4  0.010  0.410\n"
     )
-    assert parse_jstat_gc(text) == {"heap_after_gc": (1024 + 2048 + 51200) * 1024, "metaspace": 80000 * 1024}
+    assert parse_jstat_gc(text) == {"heap_used": (1024 + 2048 + 51200) * 1024, "metaspace": 80000 * 1024}
     with pytest.raises(ValueError):
         parse_jstat_gc("")
+
+
+def test_the_class_histogram_gives_the_live_objects_bytes() -> None:
+    text = (
+        "42:\n num     #instances         #bytes  class name (module)\n-------------------------------------------------------\n"
+        "   1:        120000       9600000  [B (java.base@17.0.15)\n   2:         50000       1200000  java.lang.String (java.base@17.0.15)\n"
+        "Total        170000      10800000\n"
+    )
+    assert parse_histogram_total(text) == 10_800_000
+    with pytest.raises(ValueError):
+        parse_histogram_total("42:\nCommand executed\n")
 
 
 def test_staging_files_are_counted_by_kind(tmp_path: Path) -> None:
@@ -191,6 +202,8 @@ def test_a_tiny_soak_through_the_cli_reports_windows_slopes_and_tables_equal_to_
     for window in report["windows"]:
         assert window["driver"]["rss"] > 0 and window["jvm"]["rss"] > 0 and window["jvm"]["fds"] > 0
         assert window["jvm"]["heap_after_gc"] is not None or window["jvm"].get("heap_error")
+        if window["jvm"]["heap_after_gc"] is not None:  # the live objects, within the heap jstat saw used
+            assert 0 < window["jvm"]["heap_after_gc"] <= window["jvm"]["heap_used"] + 64 * 2**20
         assert window["epochs"]["count"] == 3 and window["epochs"]["mean_seconds"] > 0 and window["epochs"]["cpu_per_epoch"] > 0
         assert window["log"]["entries"] > 0 and set(window["tables"]) == {"b00", "b01"}
     for name, _label, _get in SERIES:

@@ -66,7 +66,8 @@ MB = 2**20
 SERIES: list[tuple[str, str, Callable[[dict[str, Any]], float | None]]] = [
     ("driver_rss_mb", "driver (Python) RSS, MB", lambda w: _scaled(w["driver"].get("rss"), MB)),
     ("jvm_rss_mb", "JVM RSS, MB", lambda w: _scaled(w["jvm"].get("rss"), MB)),
-    ("jvm_heap_after_gc_mb", "JVM heap used after a full GC, MB", lambda w: _scaled(w["jvm"].get("heap_after_gc"), MB)),
+    ("jvm_heap_after_gc_mb", "JVM live objects after a full GC, MB", lambda w: _scaled(w["jvm"].get("heap_after_gc"), MB)),
+    ("jvm_heap_used_mb", "JVM heap used just after it (jstat), MB", lambda w: _scaled(w["jvm"].get("heap_used"), MB)),
     ("jvm_metaspace_mb", "JVM metaspace used, MB", lambda w: _scaled(w["jvm"].get("metaspace"), MB)),
     ("driver_fds", "driver open file descriptors", lambda w: w["driver"].get("fds")),
     ("jvm_fds", "JVM open file descriptors", lambda w: w["jvm"].get("fds")),
@@ -184,7 +185,7 @@ def chart(report: dict[str, Any], path: Any) -> None:
     x = [w["epoch"] for w in windows]
     get = {name: fn for name, _label, fn in SERIES}
     panels = [
-        ("memory, MB", ["driver_rss_mb", "jvm_rss_mb", "jvm_heap_after_gc_mb", "jvm_metaspace_mb"]),
+        ("memory, MB", ["driver_rss_mb", "jvm_rss_mb", "jvm_heap_after_gc_mb", "jvm_heap_used_mb", "jvm_metaspace_mb"]),
         ("open file descriptors", ["driver_fds", "jvm_fds"]),
         ("epoch, s", ["epoch_seconds", "epoch_interval_seconds", "epoch_cpu_seconds"]),
         ("recovery log", ["log_entries"]),

@@ -1,9 +1,10 @@
 """What the soak reads each window (``materializer bench --soak``), from outside the pipeline's run:
 
 * its processes: the driver's Python (the ``materializer run`` process) and the Spark JVM under it,
-  each one's RSS, CPU seconds and open file descriptors (psutil), and the JVM's heap used after a
-  full GC (``jcmd <pid> GC.run``, then ``jstat -gc``: survivors, eden and old generation used, and
-  metaspace), or why it could not be read;
+  each one's RSS, CPU seconds and open file descriptors (psutil), and the JVM's heap after a full
+  GC: the bytes of the live objects ``jcmd <pid> GC.class_histogram`` counts (it runs a full GC
+  first), and ``jstat -gc``'s heap used just after (eden refilled since included) and metaspace; or
+  why they could not be read;
 * its stores: the recovery log's entries and bytes, the staging area's files by kind (staged,
   spool, ``_tmp``), and per table its live data files (the Delta log, read by delta-rs), its data
   files on disk, its ``_delta_log`` bytes, commits and checkpoints.
@@ -66,23 +67,39 @@ class ProcessProbe:
         """How the heap is read here, or why it is not (said in the report instead of a figure)."""
         if self.jcmd is None or self.jstat is None:
             return "not measured: jcmd or jstat is not on the PATH (they ship with a JDK, not a JRE)"
-        return "jcmd GC.run, then jstat -gc (S0U + S1U + EU + OU)"
+        return "jcmd GC.class_histogram (live objects after its full GC); jstat -gc (heap used just after, metaspace)"
 
     def heap_after_gc(self) -> dict[str, Any]:
-        """``heap_after_gc`` and ``metaspace`` in bytes, or None with ``heap_error`` saying why."""
-        out: dict[str, Any] = {"heap_after_gc": None, "metaspace": None}
+        """``heap_after_gc`` (live objects), ``heap_used`` (jstat, just after) and ``metaspace`` in
+        bytes, or None with ``heap_error`` saying why."""
+        out: dict[str, Any] = {"heap_after_gc": None, "heap_used": None, "metaspace": None}
         pid = self.find_jvm()
         if pid is None or self.jcmd is None or self.jstat is None:
             out["heap_error"] = "no JVM found" if pid is None else self.heap_probe()
             return out
         try:
-            # A full GC in the pipeline's JVM, once a window: what stays after it is what is held.
-            subprocess.run([self.jcmd, str(pid), "GC.run"], capture_output=True, text=True, timeout=JCMD_TIMEOUT, check=True)
+            # A full GC in the pipeline's JVM, once a window, and the objects that survive it: what
+            # the pipeline holds. jstat's used heap just after (GC.run, then jstat) was not that: a
+            # busy epoch refills eden within the moment between them (206-515 MB in one soak).
+            histogram = subprocess.run(
+                [self.jcmd, str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=JCMD_TIMEOUT, check=True
+            )
+            out["heap_after_gc"] = parse_histogram_total(histogram.stdout)
             stat = subprocess.run([self.jstat, "-gc", str(pid)], capture_output=True, text=True, timeout=JCMD_TIMEOUT, check=True)
-            out.update(parse_jstat_gc(stat.stdout))
+            used = parse_jstat_gc(stat.stdout)
+            out["heap_used"], out["metaspace"] = used["heap_used"], used["metaspace"]
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             out["heap_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         return out
+
+
+def parse_histogram_total(text: str) -> int:
+    """``jcmd GC.class_histogram``'s last line, ``Total <instances> <bytes>``: the live objects' bytes."""
+    for line in reversed(text.strip().splitlines()):
+        words = line.split()
+        if words and words[0] == "Total" and len(words) >= 3:
+            return int(words[2])
+    raise ValueError(f"jcmd GC.class_histogram printed no Total line: {text[-200:]!r}")
 
 
 def parse_jstat_gc(text: str) -> dict[str, int]:
@@ -92,7 +109,7 @@ def parse_jstat_gc(text: str) -> dict[str, int]:
         raise ValueError(f"jstat -gc printed no figures: {text[:200]!r}")
     values = dict(zip(lines[0], lines[-1]))
     used = sum(float(values[k]) for k in ("S0U", "S1U", "EU", "OU") if k in values and values[k] != "-")
-    return {"heap_after_gc": int(used * 1024), "metaspace": int(float(values.get("MU", "0")) * 1024)}
+    return {"heap_used": int(used * 1024), "metaspace": int(float(values.get("MU", "0")) * 1024)}
 
 
 # --- the stores -----------------------------------------------------------------------------------
