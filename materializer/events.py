@@ -75,8 +75,9 @@ class Read(Event):
     """When the read began (UTC, ISO-8601)."""
     bytes: int | None = None
     """Source bytes the batch covers (None: the source does not say)."""
-    lag: Mapping[str, int] | None = None
-    """``{"files": …, "bytes": …}`` not read yet after this batch (None: the source does not say)."""
+    lag: Mapping[str, int | float | None] | None = None
+    """What is not read yet after this batch: ``{"files": …, "bytes": …, "seconds": …}`` (documents),
+    ``{"records": …}`` (kafka); None: the source does not say."""
     dead_letters: int = 0
 
 
@@ -190,6 +191,9 @@ class BindingProgress:
     conflicts_retried: int = 0
     """Attempts of the apply whose commit lost to a concurrent one (a compaction, a person's
     UPDATE) and were retried under Delta's conflict rules."""
+    lag_seconds: float | None = None
+    """How old the oldest input not read yet was when the epoch was planned (documents: the oldest
+    file not taken, by its modification time; 0: nothing left; None: the source does not say, as kafka)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,8 @@ class EpochProgress:
     """That partition's ``delete.retention.ms``."""
     conflicts_retried: int = 0
     """Apply attempts that lost to a concurrent commit and were retried, over the bindings."""
+    lag_seconds: float | None = None
+    """The oldest input not read yet, over the bindings (the largest binding's ``lag_seconds``)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -244,6 +250,8 @@ class EpochProgress:
         lag = f" lag={self.lag_files} files/{self.lag_bytes} B" if self.lag_files is not None else ""
         if self.lag_records is not None:
             lag += f" lag={self.lag_records} records"
+        if self.lag_seconds is not None:
+            lag += f" lag={self.lag_seconds:.0f}s"
         if self.oldest_unread_ms is not None and self.delete_retention_ms is not None:
             lag += f" oldest unread {self.oldest_unread_ms} ms of delete.retention.ms {self.delete_retention_ms} ms"
         return (

@@ -51,6 +51,12 @@ class PrometheusCollector(Collector):
         )
         self.lag_files = Gauge(f"{NAMESPACE}_source_lag_files", "Source files not read yet.", labels, registry=r)
         self.lag_bytes = Gauge(f"{NAMESPACE}_source_lag_bytes", "Source bytes not read yet.", labels, registry=r)
+        self.lag_records = Gauge(f"{NAMESPACE}_source_lag_records", "Source records not read yet (kafka).", labels, registry=r)
+        self.lag_seconds = Gauge(
+            f"{NAMESPACE}_source_lag_seconds",
+            "How old the oldest input not read yet was when the epoch was planned (documents: the oldest file left).",
+            labels, registry=r,
+        )
         self.conflicts_retried = Counter(
             f"{NAMESPACE}_commit_conflicts_retried",
             "Apply attempts whose Delta commit lost to a concurrent one (a compaction, a person's write) and were retried.",
@@ -84,6 +90,10 @@ class PrometheusCollector(Collector):
                 self.lag_files.labels(p, name).set(b.lag_files)
             if b.lag_bytes is not None:
                 self.lag_bytes.labels(p, name).set(b.lag_bytes)
+            if b.lag_records is not None:
+                self.lag_records.labels(p, name).set(b.lag_records)
+            if b.lag_seconds is not None:
+                self.lag_seconds.labels(p, name).set(b.lag_seconds)
         if self._textfile:
             self.write_textfile(self._textfile)
 

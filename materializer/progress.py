@@ -176,6 +176,7 @@ class ProgressTracker(Collector):
                 if isinstance(event.lag, Mapping):
                     b["lag_files"], b["lag_bytes"] = event.lag.get("files"), event.lag.get("bytes")
                     b["lag_records"] = event.lag.get("records")
+                    b["lag_seconds"] = event.lag.get("seconds")
                     b["oldest_unread_ms"] = event.lag.get("oldest_unread_ms")
                     b["delete_retention_ms"] = event.lag.get("delete_retention_ms")
                 self._add(state, "read", event.seconds)
@@ -249,6 +250,7 @@ class ProgressTracker(Collector):
             oldest_unread_ms=nearest.oldest_unread_ms if nearest else None,
             delete_retention_ms=nearest.delete_retention_ms if nearest else None,
             conflicts_retried=sum(b.conflicts_retried for b in bindings),
+            lag_seconds=max((b.lag_seconds for b in bindings if b.lag_seconds is not None), default=None),
         )
 
 

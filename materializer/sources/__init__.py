@@ -41,9 +41,9 @@ class SourceBatch:
     explain: "Callable[[BaseException], Exception | None] | None" = None
     """Turns a Spark failure while the batch's rows are computed into an error naming the source
     file and line (None: not about this batch's input)."""
-    lag: dict[str, int] | None = None
-    """What the source still holds after this batch: ``{"files": n, "bytes": n}``, for kafka
-    ``{"records": n}`` (None: unknown)."""
+    lag: dict[str, int | float | None] | None = None
+    """What the source still holds after this batch: ``{"files": n, "bytes": n, "seconds": s}``
+    (``seconds``: how old the oldest input not read is), for kafka ``{"records": n}`` (None: unknown)."""
     verify: "Callable[[], int] | None" = None
     """Checks deferred to the staging job (None: ``documents`` is already checked). The consumer
     calls it once the batch's rows are staged and before the epoch is committed: it raises the

@@ -17,6 +17,7 @@ kafka source's JSON payloads share.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,9 @@ class Plan:
     """Files that sort before the last file taken."""
     lag_files: int = 0
     lag_bytes: int = 0
+    lag_seconds: float | None = 0.0
+    """How old the oldest file not taken is, when the epoch was planned (0: none left; None: the
+    store gives no file's time)."""
 
     @property
     def last(self) -> str:
@@ -82,10 +86,11 @@ class Plan:
 
 def plan_epoch(
     listing: list[FileInfo], checkpoint: dict[str, Any] | None, max_files: int, max_bytes: int, where: str,
-    legacy: list[FileInfo] | None = None, until: str | None = None,
+    legacy: list[FileInfo] | None = None, until: str | None = None, clock: float | None = None,
 ) -> Plan:
     """The next epoch after ``checkpoint`` over ``listing`` (document files, sorted by name);
     with ``until``, exactly the files up to that name (a committed epoch's extent, re-read).
+    ``clock`` (Unix seconds, default now): when the plan is made, what the lag in seconds is measured from.
 
     Raises SourceError for a file that appeared before the checkpoint or a taken file that changed.
     """
@@ -140,7 +145,18 @@ def plan_epoch(
         plan.before = sum(1 for f in listing if f.path < plan.last)
         rest = after[len(files):]
         plan.lag_files, plan.lag_bytes = len(rest), sum(f.size for f in rest)
+        plan.lag_seconds = lag_seconds(rest, time.time() if clock is None else clock)
     return plan
+
+
+def lag_seconds(rest: list[FileInfo], now: float) -> float | None:
+    """How old the oldest of ``rest`` (the files not taken) is at ``now``: 0 when none is left,
+    None when the store gives no file's time. The oldest by time, not by name: a file named early
+    but written late is not the one waiting longest. Never negative (the store's clock may be ahead)."""
+    if not rest:
+        return 0.0
+    times = [f.modified for f in rest if f.modified is not None]
+    return round(max(0.0, now - min(times)), 3) if times else None
 
 
 # --- the source -----------------------------------------------------------------------------------
@@ -221,7 +237,7 @@ class DocumentsSource(Source):
         if declared is not None:
             reader.validator = validator(spark, small=small, declared=declared)
         parsed = reader.parsed(plan)
-        lag = {"files": plan.lag_files, "bytes": plan.lag_bytes}
+        lag = {"files": plan.lag_files, "bytes": plan.lag_bytes, "seconds": plan.lag_seconds}
         # Dead letters of a bigger epoch: only a document the validator does not find fast can be
         # one, so those are set aside in the spool by one job, for the checks and the dead letters.
         aside = (
