@@ -138,7 +138,10 @@ def test_the_summary_fields() -> None:
         "documents": 8,
         "reapplied": {
             "epoch": 3,
-            "results": [{"binding": "orders", "table": "/t/orders", "status": "skipped", "rows": 0, "delta_version": 4, "metrics": {}}],
+            "results": [{
+                "binding": "orders", "table": "/t/orders", "status": "skipped", "rows": 0, "delta_version": 4, "metrics": {},
+                "conflicts_retried": 0,
+            }],
         },
         "seconds": 1.235,
     }
