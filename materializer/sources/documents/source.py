@@ -208,6 +208,17 @@ class DocumentsSource(Source):
         )
         return store, [f for f in files if is_document_file(f.path)], [f for f in files if _legacy_document_file(f.path)]
 
+    def lag(self, checkpoint: dict[str, Any] | None, clock: float | None = None) -> dict[str, Any]:
+        """What the folder holds after ``checkpoint`` (where the last committed epoch left the
+        binding), as the next epoch's plan would count it before taking any: ``files``, ``bytes``
+        and ``seconds`` (the oldest file's age; 0: none). A listing only, no Spark (``materializer
+        status``). A previous version's checkpoint inside a file counts only the files after it."""
+        _store, files, _legacy = self.listing()
+        last = (checkpoint or {}).get("file")
+        rest = [f for f in files if last is None or f.path > last]
+        seconds = lag_seconds(rest, time.time() if clock is None else clock)
+        return {"files": len(rest), "bytes": sum(f.size for f in rest), "seconds": seconds}
+
     def next_batch(
         self, spark: "SparkSession", checkpoint: dict[str, Any] | None, max_documents: int, spool_path: str,
         *, until: dict[str, Any] | None = None,
