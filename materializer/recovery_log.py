@@ -136,13 +136,20 @@ def _check_key_bounds(entry: LogEntry, where: str, keys: Mapping[str, Sequence[s
     MERGE is built from them: the bounds become SQL text (materializer.bounds), so a column that
     is not the binding's key, or a kind or value that is not one, is damage (issue #66 item 4).
     A binding whose key is not known here (a log read without its configuration) has its kinds
-    and values checked; its columns are checked where the run reads the entry."""
+    and values checked; its columns are checked where the run reads the entry.
+
+    The columns are those of the key the epoch was staged with, which the entry records with its
+    options: a key changed in the configuration since (an option change, which Open then applies
+    or refuses, saying so) is no damage. Only an older entry, which recorded no options, is checked
+    against the configured key."""
     checkpoint = entry.driver_checkpoint
     if checkpoint is None:
         return
     for binding, staged in checkpoint.staged.items():
+        recorded = checkpoint.options.get(binding, {}).get("key")
+        key = list(recorded) if isinstance(recorded, list) else keys.get(binding)
         for name, bound in ((staged.key_bounds or {}) if staged is not None else {}).items():
-            reason = bound_problem(name, bound, keys.get(binding))
+            reason = bound_problem(name, bound, key)
             if reason is not None:
                 raise RecoveryLogError(
                     f"recovery log entry {where} (epoch {entry.epoch}) holds the key bound {name!r}: {bound!r} in "

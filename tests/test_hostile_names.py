@@ -116,6 +116,29 @@ def test_true_key_bounds_read_back_with_the_keys(tmp_path: Any) -> None:
     assert last is not None and last.driver_checkpoint.staged["b"].key_bounds["k2"] == ["decimal(10,2)", "1.50", "2"]  # type: ignore[union-attr]
 
 
+
+def test_bounds_of_the_key_an_epoch_was_staged_with_are_no_damage_after_a_key_change(tmp_path: Any) -> None:
+    """The entry records the key its epoch was staged with (``options``): a key changed in the
+    configuration since is an option change, which Open applies or refuses saying so, not a
+    damaged entry. A bound on a column that is neither is still refused."""
+    from materializer.errors import RecoveryLogError
+    from materializer.protocol import DriverCheckpoint, StagedFile
+    from materializer.recovery_log import RecoveryLog
+    from materializer.storage.local import LocalStore
+
+    store = LocalStore(str(tmp_path / "log"))
+    log = RecoveryLog(store, "p")
+    log.open()
+    staged = StagedFile(uri="staged/epoch-000000000001/b-0123456789ab", rows=1, bytes=1, files=1, key_bounds={"id": ["integer", "1", "9"]})
+    log.commit(1, {}, DriverCheckpoint(epoch=1, staged={"b": staged}, options={"b": {"key": ["id"]}}))
+    last = RecoveryLog(store, "p", keys={"b": ["v"]}).read().last_commit  # the configuration's key is now v
+    assert last is not None and last.driver_checkpoint.staged["b"].key_bounds == {"id": ["integer", "1", "9"]}  # type: ignore[union-attr]
+    log.commit(2, {}, DriverCheckpoint(epoch=2, staged={"b": staged.model_copy(update={"key_bounds": {"w": ["integer", "1", "2"]}})},
+                                       options={"b": {"key": ["id"]}}))
+    with pytest.raises(RecoveryLogError, match="'w' is not a key column of the binding \\(its key: id\\)"):
+        RecoveryLog(store, "p", keys={"b": ["v"]}).read()
+
+
 # --- hostile field names through whole runs, on every mode ------------------------------------
 
 FIELDS = ["x'", "p'||'q", "a\\b", "/**/c", "ü'ñ", 'q"', "x?", "$[0]", "--c", "a.b", "\\'"]
