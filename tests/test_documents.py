@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -342,11 +343,13 @@ def test_sub_folders_and_temporary_files_are_not_read_and_lag_is_reported(spark:
     write(tmp_path / "src" / "_c.jsonl", ['not json'])
     batch = source(tmp_path, max_files=1).next_batch(spark, None, 100, "x")
     assert batch is not None and batch.count == 1
+    waited = batch.lag.pop("seconds")  # b.jsonl's age when the epoch was planned
     assert batch.lag == {"files": 1, "bytes": len('{"id": 2}\n')}
+    assert 0 <= waited <= time.time() - (tmp_path / "src" / "b.jsonl").stat().st_mtime
     (tmp_path / "src" / "a.jsonl").unlink()  # retention: processed files may go
     again = source(tmp_path, max_files=1).next_batch(spark, batch.checkpoint, 100, "x")
     assert again is not None and [r["id"] for r in again.documents.collect()] == [2]
-    assert again.lag == {"files": 0, "bytes": 0}
+    assert again.lag == {"files": 0, "bytes": 0, "seconds": 0.0}
 
 
 def declared(tmp_path: Path) -> DocumentsSource:
