@@ -13,7 +13,7 @@ from .common import ConfigOption, RemoteOption, output
 from .common import fail as _fail
 from .common import session as _session
 from .common import stop as _stop
-from materializer.config import PipelineConfig, load_config
+from materializer.config import load_config
 from materializer.errors import MaterializerError
 
 if TYPE_CHECKING:
@@ -39,46 +39,19 @@ def status(
 
         try:
             st = pipeline_status(cfg, start_spark)
-            lags = _lags(cfg)
         finally:
             for spark in started:
                 _stop(spark)
     except MaterializerError as exc:
         _fail(exc)
         return
-    output(json_out, asdict(st) | {"agrees": st.agrees, "lag": lags}, lambda: _text(st, lags))
+    output(json_out, asdict(st) | {"agrees": st.agrees}, lambda: _text(st))
     if not st.agrees:
         raise typer.Exit(1)
 
 
-def _lags(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
-    """Per documents binding, what its folder holds after the last committed epoch: ``files``,
-    ``bytes``, ``seconds`` (the oldest file's age), as the next epoch's plan counts them
-    (docs: 'Progress and metrics'); ``error`` where the folder could not be listed. A listing, no
-    Spark; kafka's record lag is in the progress records only (it needs the brokers' offsets)."""
-    from materializer.recovery_log import RecoveryLog
-    from materializer.runtime import as_recorded
-    from materializer.sources.documents.source import DocumentsSource
-    from materializer.storage import open_store
-
-    config = as_recorded(cfg)
-    documents = [b for b in config.bindings if b.source.format == "documents"]
-    if not documents:
-        return {}
-    state = RecoveryLog(open_store(config.recovery_log), config.pipeline_id).read()
-    positions = (state.last_commit.runtime_checkpoint or {}) if state.last_commit else {}
-    lags: dict[str, dict[str, Any]] = {}
-    for binding in documents:
-        try:
-            lags[binding.name] = DocumentsSource(binding, None).lag(positions.get(binding.name))  # type: ignore[arg-type]  # no spool: nothing is read
-        except MaterializerError as exc:  # a folder gone, a link refused: said, the rest of status stands
-            lags[binding.name] = {"error": str(exc)}
-    return lags
-
-
-def _text(st: PipelineStatus, lags: dict[str, dict[str, Any]] | None = None) -> Iterator[str]:
+def _text(st: PipelineStatus) -> Iterator[str]:
     """The status as text (without --json)."""
-    lags = lags or {}
     yield f"pipeline {st.pipeline_id}: last committed epoch {st.last_epoch} (log sequence {st.last_seq}, {st.log_entries} entries kept)"
     for t in st.tables:
         mark = "ok " if t.agrees else "MISMATCH"
@@ -87,7 +60,7 @@ def _text(st: PipelineStatus, lags: dict[str, dict[str, Any]] | None = None) -> 
         yield f"  [{mark}] {t.binding} -> {t.table}: {recorded}; {t.note}{pending}"
         if t.compaction_note:
             yield f"      {t.compaction_note}"
-        lag = lags.get(t.binding)
+        lag = st.lag.get(t.binding)
         if lag is not None:
             yield f"      lag: {_lag_words(lag)}"
     if st.orphaned:

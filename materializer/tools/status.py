@@ -46,6 +46,8 @@ class PipelineStatus:
     """Staged datasets that the last committed entry does not reference."""
     stuck: list[str] = field(default_factory=list)
     """Committed epochs Delta refused to apply: epoch, binding, the error and the way out."""
+    lag: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per documents binding, what its folder holds after the last committed epoch (:func:`_lags`)."""
 
     @property
     def agrees(self) -> bool:
@@ -131,7 +133,27 @@ def pipeline_status(config: PipelineConfig, spark: SessionSource = None) -> Pipe
         status.tables.append(
             TableStatus(binding.name, str(table), ts.exists, ts.version, ts.txn_version, pending, agrees, note, lags, words)
         )
+    status.lag = _lags(config, state.last_commit.runtime_checkpoint if state.last_commit else None)
     return status
+
+
+def _lags(config: PipelineConfig, positions: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Per documents binding, what its folder holds after the last committed epoch: ``files``,
+    ``bytes``, ``seconds`` (the oldest file's age), as the next epoch's plan counts them
+    (docs: 'Progress and metrics'); ``error`` where the folder could not be listed. A listing, no
+    Spark; kafka's record lag is in the progress records only (it needs the brokers' offsets)."""
+    from materializer.errors import MaterializerError
+    from materializer.sources.documents.source import DocumentsSource
+
+    lags: dict[str, dict[str, Any]] = {}
+    for binding in config.bindings:
+        if binding.source.format != "documents":
+            continue
+        try:
+            lags[binding.name] = DocumentsSource(binding, None).lag((positions or {}).get(binding.name))  # type: ignore[arg-type]  # no spool: nothing is read
+        except MaterializerError as exc:  # a folder gone, a link refused: said, the rest of status stands
+            lags[binding.name] = {"error": str(exc)}
+    return lags
 
 
 def _compaction(binding: Any, checkpoint: Any) -> tuple[list[dict[str, Any]], str]:
