@@ -204,6 +204,21 @@ def write_json(root: Path, report: dict[str, Any]) -> None:
     tmp.replace(root / "report.json")
 
 
+def write_with_chart(
+    root: Path, report: dict[str, Any], name: str, draw: Callable[[dict[str, Any], Path], None], say: Callable[[str], None]
+) -> None:
+    """``report.json`` and, beside it, the chart ``name`` that ``draw`` makes of it; both paths go
+    in ``report["paths"]``. A chart that cannot be drawn is said and its path is None: the figures
+    matter more than the picture."""
+    report["paths"] = {"json": str(root / "report.json"), "chart": str(root / name)}
+    try:
+        draw(report, root / name)
+    except Exception as exc:  # noqa: BLE001 - any failure to draw: the report stands without it
+        say(f"chart not written: {exc}")
+        report["paths"]["chart"] = None
+    write_json(root, report)
+
+
 # --- presentation ---------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from materializer.tools.bench.inputs import copy_table, generate_collection, pro
 from materializer.tools.bench.measurement import MemorySampler
 from materializer.tools.bench.options import BenchOptions, session
 from materializer.tools.bench.paths import BareSteps, OursSteps, PeerSteps, run_bare, run_ours, run_peer, run_recovery, run_replay
-from materializer.tools.bench.report import chart, figures, goals, machine, write_json
+from materializer.tools.bench.report import chart, figures, goals, machine, write_json, write_with_chart
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -220,13 +220,7 @@ def run_bench(
     }
     report["goals"] = goals(report["configs"])
     write_json(root, report)
-    report["paths"] = {"json": str(root / "report.json"), "chart": str(root / "bench.png")}
-    try:
-        chart(report, root / "bench.png")
-    except Exception as exc:  # noqa: BLE001 - the figures matter more than the picture
-        say(f"chart not written: {exc}")
-        report["paths"]["chart"] = None
-    write_json(root, report)
+    write_with_chart(root, report, "bench.png", chart, say)
     if not options.keep_data:
         shutil.rmtree(root / "data", ignore_errors=True)
     return report

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import yaml
 
 from materializer.tools.bench.paths import REPO
-from materializer.tools.bench.report import machine, write_json
+from materializer.tools.bench.report import machine, write_json, write_with_chart
 from materializer.tools.bench.soak_figures import chart, fits, window_header, window_line
 from materializer.tools.bench.soak_probes import ProcessProbe, log_store, staging_store, table_store
 
@@ -325,13 +325,7 @@ def run_soak(options: SoakOptions, say: Callable[[str], None] = print) -> dict[s
     end["tables_agree"] = all(t["agree"] for t in end["tables"].values())
     end["staging_empty"] = end["staging"]["files"] == 0
     report["slopes"] = fits(report["windows"], min(options.warmup_windows, max(0, len(report["windows"]) - 1)))
-    report["paths"] = {"json": str(root / "report.json"), "chart": str(root / "soak.png")}
-    try:
-        chart(report, root / "soak.png")
-    except Exception as exc:  # noqa: BLE001 - the figures matter more than the picture
-        say(f"chart not written: {exc}")
-        report["paths"]["chart"] = None
-    write_json(root, report)
+    write_with_chart(root, report, "soak.png", chart, say)
     if not options.keep_data:
         import shutil
 
